@@ -1,0 +1,29 @@
+"""mmkv: position-portable KV caching of images and text segments for Qwen2.5-VL / Qwen3-VL agents.
+
+model = mmkv.load("tiny-qwen3-vl")            # or "qwen3-vl-8b", a hub id, a local directory
+seg = mmkv.prefill_span(model, ids, positions).segment
+moved = seg.moved_to(seg.start + 161)         # exact M-RoPE re-rotation
+"""
+
+from . import mrope
+from .errors import MmkvError, ModelNotFoundError, UnsupportedModelError
+from .kv import KVSegment, PrefillResult, new_cache, prefill_span, segments_to_cache
+from .model import ModelFingerprint, ModelHandle, VLProcessor, load
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "KVSegment",
+    "MmkvError",
+    "ModelFingerprint",
+    "ModelHandle",
+    "ModelNotFoundError",
+    "PrefillResult",
+    "UnsupportedModelError",
+    "VLProcessor",
+    "load",
+    "mrope",
+    "new_cache",
+    "prefill_span",
+    "segments_to_cache",
+]

@@ -1,0 +1,60 @@
+"""One place for transformers' API drift across the tested range (5.17 to 5.24).
+
+- the cache argument of ``forward`` is ``cache=`` from 5.24 and ``past_key_values=`` before (the old name
+  warns in 5.24 and is removed in 5.40);
+- precomputed vision-tower outputs are passed as ``mm_encoder_outputs={"image": ...}`` from 5.24; before that
+  the model always calls its own ``get_image_features``, so we hand it the cached result through that method
+  for the duration of one call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Iterator
+
+import torch
+from transformers import PreTrainedModel
+
+__all__ = ["cache_argument_name", "forward_with_encoder_outputs", "supports_encoder_outputs"]
+
+
+@functools.cache
+def _forward_parameters(model_class: type) -> frozenset[str]:
+    return frozenset(inspect.signature(model_class.forward).parameters)
+
+
+def cache_argument_name(model: PreTrainedModel) -> str:
+    """``"cache"`` or ``"past_key_values"``: how this transformers names the KV cache argument of ``forward``."""
+    return "cache" if "cache" in _forward_parameters(type(model)) else "past_key_values"
+
+
+def supports_encoder_outputs(model: PreTrainedModel) -> bool:
+    """Whether ``forward`` takes precomputed vision outputs (``mm_encoder_outputs``, transformers >= 5.24)."""
+    return "mm_encoder_outputs" in _forward_parameters(type(model))
+
+
+@contextlib.contextmanager
+def _image_features_from(model: PreTrainedModel, encoder_output) -> Iterator[None]:
+    """Within the block, ``model.model.get_image_features`` returns ``encoder_output`` (older transformers)."""
+    inner = model.model
+    original = inner.__dict__.get("get_image_features")
+    inner.get_image_features = lambda *args, **kwargs: encoder_output
+    try:
+        yield
+    finally:
+        if original is None:
+            del inner.get_image_features
+        else:
+            inner.get_image_features = original
+
+
+def forward_with_encoder_outputs(model: PreTrainedModel, encoder_output, **kwargs):
+    """``model(**kwargs)`` with the vision tower's work replaced by ``encoder_output`` (a ``get_image_features``
+    result for exactly the images whose pads are in ``input_ids``)."""
+    if supports_encoder_outputs(model):
+        return model(mm_encoder_outputs={"image": encoder_output}, **kwargs)
+    placeholder = torch.zeros(1, 1)  # only needs to be non-None: the patched method ignores it
+    with _image_features_from(model, encoder_output):
+        return model(pixel_values=placeholder, **kwargs)

@@ -1,0 +1,19 @@
+"""KV segments (the shared record of images and text) and the one prefill that builds them."""
+
+from .prefill import PrefillResult, encode_images, new_cache, prefill_span
+from .segment import KVSegment, SegmentKind, segment_from_cache, segments_to_cache, stack_cache
+from .spans import image_span, text_span
+
+__all__ = [
+    "KVSegment",
+    "PrefillResult",
+    "SegmentKind",
+    "encode_images",
+    "new_cache",
+    "prefill_span",
+    "segment_from_cache",
+    "segments_to_cache",
+    "stack_cache",
+    "image_span",
+    "text_span",
+]

@@ -1,0 +1,107 @@
+"""``prefill_span``: run the model over one span of tokens in a given context, at explicit positions.
+
+Every cache-building path in mmkv goes through here: a span (text, or an image's pads with their markers) is
+fed to the transformers model over a live ``DynamicCache`` holding the context, with explicit ``(3, L)``
+M-RoPE position ids (never the model's implicit ones, which restart wrong after a splice). The cache is
+extended in place, as transformers does; the span's own KV comes back as a ``KVSegment`` together with the
+logits of its last token.
+
+Image pads get their vision features from ``images`` (pixel values: the vision tower runs) or from
+``encoder_output`` (a cached ``get_image_features`` result: the tower is skipped, DeepStack features included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from ..compat import cache_argument_name, forward_with_encoder_outputs
+from ..model.handle import ModelHandle
+from ..model.processor import ImageInputs
+from .segment import KVSegment, SegmentKind, segment_from_cache
+
+__all__ = ["PrefillResult", "encode_images", "new_cache", "prefill_span"]
+
+
+@dataclass(frozen=True, eq=False)
+class PrefillResult:
+    """What one prefill produced."""
+
+    segment: KVSegment  # the span's own KV, ids and positions
+    logits: torch.Tensor  # (vocab,) float32 logits after the span's last token
+    cache: DynamicCache  # the context cache, now extended by the span
+
+
+def new_cache(handle: ModelHandle) -> DynamicCache:
+    """An empty ``DynamicCache`` laid out for ``handle``'s language model."""
+    return DynamicCache(config=handle.text_config)
+
+
+@torch.inference_mode()
+def encode_images(handle: ModelHandle, images: ImageInputs):
+    """Run the vision tower: the model's own ``get_image_features`` output for ``images``.
+
+    Its ``pooler_output`` holds one ``(pads, hidden)`` tensor per image and, for Qwen3-VL, its
+    ``deepstack_features`` one tuple per DeepStack layer. It does not depend on the prompt, so it can be
+    cached and passed back as ``prefill_span(..., encoder_output=...)`` (exact reuse).
+    """
+    return handle.model.model.get_image_features(
+        images.pixel_values.to(handle.device, handle.dtype),
+        images.image_grid_thw.to(handle.device),
+        return_dict=True,
+    )
+
+
+@torch.inference_mode()
+def prefill_span(
+    handle: ModelHandle,
+    token_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    *,
+    context: DynamicCache | None = None,
+    images: ImageInputs | None = None,
+    encoder_output=None,
+    kind: SegmentKind | None = None,
+    digest: str = "",
+) -> PrefillResult:
+    """Prefill ``token_ids`` (``(L,)``) at ``position_ids`` (``(3, L)``) after the KV already in ``context``.
+
+    Mutates ``context`` (extends it by ``L`` entries); pass ``None`` to start from an empty cache.
+    ``images``/``encoder_output`` supply features for exactly the image pads in ``token_ids``, in order.
+    ``kind`` defaults to "image" when the span has image pads. Raises ``ValueError`` on shape mismatches or
+    when pads are given no features.
+    """
+    token_ids = token_ids.reshape(-1).long()
+    length = token_ids.shape[0]
+    if position_ids.shape != (3, length):
+        raise ValueError(f"position_ids must be (3, {length}), got {tuple(position_ids.shape)}")
+    num_pads = int((token_ids == handle.processor.image_token_id).sum())
+    if num_pads and images is None and encoder_output is None:
+        raise ValueError(
+            f"the span has {num_pads} image pads but neither images nor encoder_output was given"
+        )
+    if images is not None and encoder_output is not None:
+        raise ValueError("pass images or encoder_output, not both")
+
+    cache = context if context is not None else new_cache(handle)
+    begin = cache.get_seq_length()
+    device = handle.device
+    kwargs = {
+        "input_ids": token_ids[None].to(device),  # (1, L)
+        "position_ids": position_ids[:, None, :].to(device),  # (3, 1, L)
+        cache_argument_name(handle.model): cache,
+        "use_cache": True,
+        "logits_to_keep": 1,
+    }
+    if images is not None:
+        kwargs["pixel_values"] = images.pixel_values.to(device, handle.dtype)
+        kwargs["image_grid_thw"] = images.image_grid_thw.to(device)
+    if encoder_output is not None:
+        out = forward_with_encoder_outputs(handle.model, encoder_output, **kwargs)
+    else:
+        out = handle.model(**kwargs)
+    kind = kind or ("image" if num_pads else "text")
+    segment = segment_from_cache(cache, begin, token_ids, position_ids, handle.layout, kind, digest)
+    return PrefillResult(segment=segment, logits=out.logits[0, -1].float(), cache=cache)

@@ -1,0 +1,157 @@
+"""``ModelHandle``: the one object everything in mmkv takes, and the model fingerprint used in cache keys.
+
+A handle bundles the transformers model, the image-only processor, the family, the rotary layout and the
+position rule. Its ``fingerprint`` names what produced a KV tensor: the architecture config, the weights and
+the dtype. Two handles with the same fingerprint produce the same KV for the same tokens; anything cached under
+one fingerprint must never be served to another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NewType
+
+import torch
+from transformers import PreTrainedModel
+
+from ..mrope import PositionRule, RotaryLayout, rotary_layout_from_config
+from .processor import VLProcessor
+
+__all__ = ["FAMILIES", "FamilySpec", "ModelFingerprint", "ModelHandle", "model_fingerprint"]
+
+ModelFingerprint = NewType("ModelFingerprint", str)  # full-width SHA-256 hex digest
+
+
+@dataclass(frozen=True, slots=True)
+class FamilySpec:
+    """How mmkv treats one architecture family."""
+
+    name: str  # "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl" | "qwen3_vl_moe" (the config's model_type)
+    model_class: str  # transformers class that loads it
+    layout: str  # rotary layout: "sectioned" | "interleaved"
+    has_deepstack: bool  # vision features injected into early LM layers (Qwen3-VL)
+
+
+FAMILIES: dict[str, FamilySpec] = {
+    "qwen2_vl": FamilySpec("qwen2_vl", "Qwen2VLForConditionalGeneration", "sectioned", False),
+    "qwen2_5_vl": FamilySpec("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "sectioned", False),
+    "qwen3_vl": FamilySpec("qwen3_vl", "Qwen3VLForConditionalGeneration", "interleaved", True),
+    "qwen3_vl_moe": FamilySpec("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", "interleaved", True),
+}
+
+# config keys that do not change what the model computes
+_VOLATILE_KEYS = frozenset(
+    {
+        "transformers_version",
+        "_name_or_path",
+        "dtype",
+        "torch_dtype",
+        "architectures",
+        "_commit_hash",
+        "_attn_implementation_autoset",
+        "output_hidden_states",
+        "output_attentions",
+        "return_dict",
+        "use_cache",
+    }
+)
+_SAMPLE_BYTES = 1 << 16  # bytes hashed from each end of every weight tensor
+
+
+def _canonical_config(value):
+    if isinstance(value, dict):
+        return {k: _canonical_config(v) for k, v in sorted(value.items()) if k not in _VOLATILE_KEYS}
+    if isinstance(value, (list, tuple)):
+        return [_canonical_config(v) for v in value]
+    return value
+
+
+def model_fingerprint(model: PreTrainedModel) -> ModelFingerprint:
+    """SHA-256 over the architecture config, every weight's name, shape and dtype, and the first and last
+    64 KiB of every weight's bytes.
+
+    Sampling keeps this to a fraction of a second for an 8B model while any fine-tune, a different checkpoint
+    or another dtype changes it. Does not change the model.
+    """
+    digest = hashlib.sha256(b"mmkv-fingerprint-v1\0")
+    config = _canonical_config(model.config.to_dict())
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)  # (numel,)
+        digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}\0".encode())
+        per_end = max(1, _SAMPLE_BYTES // max(1, tensor.element_size()))
+        ends = [flat[:per_end]] if flat.numel() <= 2 * per_end else [flat[:per_end], flat[-per_end:]]
+        for part in ends:
+            digest.update(part.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return ModelFingerprint(digest.hexdigest())
+
+
+@dataclass(frozen=True, eq=False)
+class ModelHandle:
+    """A loaded Qwen-VL model and everything mmkv needs to know about it. Immutable; the model is in eval mode."""
+
+    name: str  # what it was loaded as: an alias, a hub id or a path
+    model: PreTrainedModel  # transformers *ForConditionalGeneration
+    processor: VLProcessor  # tokenizer + image processor + chat template
+    family: FamilySpec  # architecture family
+    layout: RotaryLayout  # rotary channel layout of the language model
+    position_rule: PositionRule  # M-RoPE position rule (merge size)
+    fingerprint: ModelFingerprint  # config + weights + dtype identity, for cache keys
+
+    @classmethod
+    def from_parts(
+        cls, name: str, model: PreTrainedModel, processor: VLProcessor, family: FamilySpec
+    ) -> ModelHandle:
+        """Build a handle, deriving layout, position rule and fingerprint from the model itself."""
+        text_config = model.config.get_text_config()
+        rotary = model.model.language_model.rotary_emb
+        layout = rotary_layout_from_config(text_config, family.layout, inv_freq=rotary.inv_freq)
+        merge = int(model.config.vision_config.spatial_merge_size)
+        if merge != processor.merge_size:
+            raise ValueError(
+                f"model merge size {merge} differs from the image processor's {processor.merge_size}"
+            )
+        return cls(name, model, processor, family, layout, PositionRule(merge), model_fingerprint(model))
+
+    @property
+    def tokenizer(self):
+        """The processor's tokenizer."""
+        return self.processor.tokenizer
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the weights (and of every KV tensor mmkv produces)."""
+        return self.model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the weights."""
+        return self.model.device
+
+    @property
+    def text_config(self):
+        """The language model's config."""
+        return self.model.config.get_text_config()
+
+    @property
+    def num_layers(self) -> int:
+        """Decoder layers of the language model (one K and one V tensor each per cached token)."""
+        return int(self.text_config.num_hidden_layers)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V one token occupies over all layers."""
+        cfg = self.text_config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        return 2 * self.num_layers * cfg.num_key_value_heads * head_dim * self.dtype.itemsize
+
+    def save(self, directory: str | Path) -> Path:
+        """Write a standard checkpoint directory (config, safetensors, tokenizer, processor, chat template)
+        that ``mmkv.load(directory)`` loads back through the same path as a real model."""
+        directory = Path(directory)
+        self.model.save_pretrained(directory, safe_serialization=True)
+        self.processor.save_pretrained(directory)
+        return directory
