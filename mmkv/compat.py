@@ -4,7 +4,9 @@
   warns in 5.24 and is removed in 5.40);
 - precomputed vision-tower outputs are passed as ``mm_encoder_outputs={"image": ...}`` from 5.24; before that
   the model always calls its own ``get_image_features``, so we hand it the cached result through that method
-  for the duration of one call.
+  for the duration of one call;
+- Qwen3-VL's forward reads DeepStack features as one tuple of per-image tensors per layer in 5.24, and as one
+  tensor over all images per layer in 5.17.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from collections.abc import Iterator
 import torch
 from transformers import PreTrainedModel
 
-__all__ = ["cache_argument_name", "forward_with_encoder_outputs", "supports_encoder_outputs"]
+__all__ = [
+    "cache_argument_name",
+    "deepstack_split_per_image",
+    "forward_with_encoder_outputs",
+    "supports_encoder_outputs",
+]
 
 
 @functools.cache
@@ -33,6 +40,20 @@ def cache_argument_name(model: PreTrainedModel) -> str:
 def supports_encoder_outputs(model: PreTrainedModel) -> bool:
     """Whether ``forward`` takes precomputed vision outputs (``mm_encoder_outputs``, transformers >= 5.24)."""
     return "mm_encoder_outputs" in _forward_parameters(type(model))
+
+
+def deepstack_split_per_image(model: PreTrainedModel) -> bool:
+    """Whether this transformers' Qwen3-VL forward expects DeepStack features split per image.
+
+    Read off the forward's source once per class: the 5.24 forward concatenates per-image tuples
+    (``torch.cat(feat, dim=0) for feat in deepstack_image_embeds``), older ones use the tensors as they are.
+    """
+    return _forward_concatenates_deepstack(type(model.model))
+
+
+@functools.cache
+def _forward_concatenates_deepstack(inner_class: type) -> bool:
+    return "for feat in deepstack_image_embeds" in inspect.getsource(inner_class.forward)
 
 
 @contextlib.contextmanager

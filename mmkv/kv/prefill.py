@@ -7,11 +7,12 @@ extended in place, as transformers does; the span's own KV comes back as a ``KVS
 logits of its last token.
 
 Image pads get their vision features from ``images`` (pixel values: the vision tower runs) or from
-``encoder_output`` (a cached ``get_image_features`` result: the tower is skipped, DeepStack features included).
+``features`` (cached ``ImageFeatures``: the tower is skipped, DeepStack features included).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -21,8 +22,9 @@ from ..compat import cache_argument_name, forward_with_encoder_outputs
 from ..model.handle import ModelHandle
 from ..model.processor import ImageInputs
 from .segment import KVSegment, SegmentKind, segment_from_cache
+from .vision import ImageFeatures, join_features
 
-__all__ = ["PrefillResult", "encode_images", "new_cache", "prefill_span"]
+__all__ = ["PrefillResult", "new_cache", "prefill_span"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,21 +42,6 @@ def new_cache(handle: ModelHandle) -> DynamicCache:
 
 
 @torch.inference_mode()
-def encode_images(handle: ModelHandle, images: ImageInputs):
-    """Run the vision tower: the model's own ``get_image_features`` output for ``images``.
-
-    Its ``pooler_output`` holds one ``(pads, hidden)`` tensor per image and, for Qwen3-VL, its
-    ``deepstack_features`` one tuple per DeepStack layer. It does not depend on the prompt, so it can be
-    cached and passed back as ``prefill_span(..., encoder_output=...)`` (exact reuse).
-    """
-    return handle.model.model.get_image_features(
-        images.pixel_values.to(handle.device, handle.dtype),
-        images.image_grid_thw.to(handle.device),
-        return_dict=True,
-    )
-
-
-@torch.inference_mode()
 def prefill_span(
     handle: ModelHandle,
     token_ids: torch.Tensor,
@@ -62,14 +49,15 @@ def prefill_span(
     *,
     context: DynamicCache | None = None,
     images: ImageInputs | None = None,
-    encoder_output=None,
+    features: Sequence[ImageFeatures] | None = None,
     kind: SegmentKind | None = None,
     digest: str = "",
 ) -> PrefillResult:
     """Prefill ``token_ids`` (``(L,)``) at ``position_ids`` (``(3, L)``) after the KV already in ``context``.
 
     Mutates ``context`` (extends it by ``L`` entries); pass ``None`` to start from an empty cache.
-    ``images``/``encoder_output`` supply features for exactly the image pads in ``token_ids``, in order.
+    ``images`` (pixels) or ``features`` (cached vision outputs) cover exactly the image pads in ``token_ids``,
+    in order.
     ``kind`` defaults to "image" when the span has image pads. Raises ``ValueError`` on shape mismatches or
     when pads are given no features.
     """
@@ -78,12 +66,12 @@ def prefill_span(
     if position_ids.shape != (3, length):
         raise ValueError(f"position_ids must be (3, {length}), got {tuple(position_ids.shape)}")
     num_pads = int((token_ids == handle.processor.image_token_id).sum())
-    if num_pads and images is None and encoder_output is None:
-        raise ValueError(
-            f"the span has {num_pads} image pads but neither images nor encoder_output was given"
-        )
-    if images is not None and encoder_output is not None:
-        raise ValueError("pass images or encoder_output, not both")
+    if num_pads and images is None and not features:
+        raise ValueError(f"the span has {num_pads} image pads but neither images nor features were given")
+    if images is not None and features:
+        raise ValueError("pass images or features, not both")
+    if features and sum(f.num_pads for f in features) != num_pads:
+        raise ValueError(f"features cover {sum(f.num_pads for f in features)} pads, the span has {num_pads}")
 
     cache = context if context is not None else new_cache(handle)
     begin = cache.get_seq_length()
@@ -98,8 +86,8 @@ def prefill_span(
     if images is not None:
         kwargs["pixel_values"] = images.pixel_values.to(device, handle.dtype)
         kwargs["image_grid_thw"] = images.image_grid_thw.to(device)
-    if encoder_output is not None:
-        out = forward_with_encoder_outputs(handle.model, encoder_output, **kwargs)
+    if features:
+        out = forward_with_encoder_outputs(handle.model, join_features(handle, features), **kwargs)
     else:
         out = handle.model(**kwargs)
     kind = kind or ("image" if num_pads else "text")

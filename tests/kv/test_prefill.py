@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from mmkv.kv import (
+    ImageFeatures,
     KVSegment,
     encode_images,
     image_span,
@@ -61,14 +62,13 @@ def test_deepstack_is_in_the_prefill_and_encoder_outputs_reproduce_it(tiny_by_na
     images = _image_inputs(handle, seed=3)
     ids, pos = image_span(handle, images.image_grid_thw[0], start=5)
     from_pixels = prefill_span(handle, ids, pos, images=images).segment
-    encoded = encode_images(handle, images)
-    from_cache = prefill_span(handle, ids, pos, encoder_output=encoded).segment
+    (encoded,) = encode_images(handle, images)
+    assert len(encoded.deepstack) == 3 and encoded.num_pads == ids.shape[0] - 2
+    from_cache = prefill_span(handle, ids, pos, features=[encoded]).segment
     assert _max_abs(from_pixels.keys, from_cache.keys) <= 1e-6
     assert _max_abs(from_pixels.values, from_cache.values) <= 1e-6
-    encoded.deepstack_features = [
-        tuple(torch.zeros_like(t) for t in layer) for layer in encoded.deepstack_features
-    ]
-    no_deepstack = prefill_span(handle, ids, pos, encoder_output=encoded).segment
+    zeroed = ImageFeatures(encoded.embeds, tuple(torch.zeros_like(t) for t in encoded.deepstack))
+    no_deepstack = prefill_span(handle, ids, pos, features=[zeroed]).segment
     assert _max_abs(from_pixels.keys[1:], no_deepstack.keys[1:]) > 1e-3
 
 
@@ -153,3 +153,26 @@ def test_prefill_rejects_pads_without_features_and_bad_positions(tiny):
         prefill_span(tiny, ids, pos)
     with pytest.raises(ValueError, match="position_ids"):
         prefill_span(tiny, ids[:3], pos)
+
+
+def test_two_images_in_one_span_from_cached_features_equal_from_pixels(tiny):
+    """Both families: a span holding two images prefilled from cached per-image features (encoded separately)
+    equals prefilling it from pixels (<= 1e-5): the exact 'encoder' reuse path."""
+    image_a, image_b = (
+        _image_inputs(tiny, seed=1, grid_hw=(4, 6)),
+        _image_inputs(tiny, seed=2, grid_hw=(6, 2)),
+    )
+    ids_a, pos_a = image_span(tiny, image_a.image_grid_thw[0], 3)
+    ids_b, pos_b = image_span(tiny, image_b.image_grid_thw[0], int(pos_a.max()) + 1)
+    ids, pos = torch.cat([ids_a, ids_b]), torch.cat([pos_a, pos_b], dim=1)
+    both = type(image_a)(
+        torch.cat([image_a.pixel_values, image_b.pixel_values]),
+        torch.cat([image_a.image_grid_thw, image_b.image_grid_thw]),
+    )
+    from_pixels = prefill_span(tiny, ids, pos, images=both)
+    features = encode_images(tiny, image_a) + encode_images(tiny, image_b)
+    from_features = prefill_span(tiny, ids, pos, features=features)
+    assert _max_abs(from_pixels.segment.keys, from_features.segment.keys) <= 1e-5
+    assert _max_abs(from_pixels.logits, from_features.logits) <= 1e-4
+    with pytest.raises(ValueError, match="features cover"):
+        prefill_span(tiny, ids, pos, features=features[:1])
