@@ -6,13 +6,31 @@ moved = seg.moved_to(seg.start + 161)         # exact M-RoPE re-rotation
 """
 
 from . import mrope
-from .errors import MmkvError, ModelNotFoundError, UnsupportedModelError
+from .errors import (
+    EmptyImageError,
+    ImageError,
+    ImageTooLargeError,
+    MmkvError,
+    ModelNotFoundError,
+    StoreMismatchError,
+    UnreadableImageError,
+    UnsupportedInputError,
+    UnsupportedModelError,
+)
+from .images import load_image
 from .kv import KVSegment, PrefillResult, new_cache, prefill_span, segments_to_cache
 from .model import ModelFingerprint, ModelHandle, VLProcessor, load
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "EmptyImageError",
+    "ImageError",
+    "ImageTooLargeError",
+    "StoreMismatchError",
+    "UnreadableImageError",
+    "UnsupportedInputError",
+    "load_image",
     "KVSegment",
     "MmkvError",
     "ModelFingerprint",

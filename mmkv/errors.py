@@ -6,7 +6,17 @@ would expect (``FileNotFoundError``, ``ValueError``), so ``except ValueError`` k
 
 from __future__ import annotations
 
-__all__ = ["MmkvError", "ModelNotFoundError", "UnsupportedModelError"]
+__all__ = [
+    "EmptyImageError",
+    "ImageError",
+    "ImageTooLargeError",
+    "MmkvError",
+    "ModelNotFoundError",
+    "StoreMismatchError",
+    "UnreadableImageError",
+    "UnsupportedInputError",
+    "UnsupportedModelError",
+]
 
 
 class MmkvError(Exception):
@@ -19,3 +29,27 @@ class ModelNotFoundError(MmkvError, FileNotFoundError):
 
 class UnsupportedModelError(MmkvError, ValueError):
     """A checkpoint loaded, but its architecture is not one mmkv knows how to cache (Qwen2/2.5/3-VL)."""
+
+
+class ImageError(MmkvError, ValueError):
+    """An image that cannot be used; the subclasses say why."""
+
+
+class UnreadableImageError(ImageError):
+    """Bytes or a file that do not decode as an image, or a truncated image."""
+
+
+class ImageTooLargeError(ImageError):
+    """An image whose pixel count exceeds the bound (a decompression bomb, or simply too big)."""
+
+
+class EmptyImageError(ImageError):
+    """An image with zero width or height."""
+
+
+class UnsupportedInputError(MmkvError, TypeError):
+    """An input of a type mmkv does not take (images: PIL image, path or bytes)."""
+
+
+class StoreMismatchError(MmkvError, ValueError):
+    """A store or cached entry made for another model (fingerprint) than the one it is used with."""
