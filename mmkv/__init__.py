@@ -20,10 +20,16 @@ from .errors import (
 from .images import load_image
 from .kv import KVSegment, PrefillResult, new_cache, prefill_span, segments_to_cache
 from .model import ModelFingerprint, ModelHandle, VLProcessor, load
+from .session import Answer, ImageReuse, PrefillStats, Session, SessionConfig
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Answer",
+    "ImageReuse",
+    "PrefillStats",
+    "Session",
+    "SessionConfig",
     "EmptyImageError",
     "ImageError",
     "ImageTooLargeError",

@@ -21,6 +21,7 @@ from transformers import PreTrainedModel
 
 __all__ = [
     "cache_argument_name",
+    "crop_cache",
     "deepstack_split_per_image",
     "forward_with_encoder_outputs",
     "supports_encoder_outputs",
@@ -79,3 +80,13 @@ def forward_with_encoder_outputs(model: PreTrainedModel, encoder_output, **kwarg
     placeholder = torch.zeros(1, 1)  # only needs to be non-None: the patched method ignores it
     with _image_features_from(model, encoder_output):
         return model(pixel_values=placeholder, **kwargs)
+
+
+def crop_cache(cache, keep: int) -> None:
+    """Drop every cache entry after the first ``keep`` (mutates ``cache``). ``crop`` takes a negative count
+    of entries to drop in every tested version (only that form from 5.20); ``crop(0)`` would empty it."""
+    drop = cache.get_seq_length() - keep
+    if drop < 0:
+        raise ValueError(f"cannot keep {keep} entries of a cache holding {cache.get_seq_length()}")
+    if drop:
+        cache.crop(-drop)

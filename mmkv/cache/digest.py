@@ -28,7 +28,9 @@ def image_digest(image: Image.Image, processor, fingerprint: str) -> ImageDigest
         raise ValueError(f"normalise the image to RGB first (mmkv.images.load_image); got mode {image.mode}")
     min_pixels, max_pixels = processor.pixel_bounds
     h = hashlib.sha256(b"mmkv-image-v1\0")
-    h.update(f"{image.width}x{image.height}|patch={processor.patch_size}|merge={processor.merge_size}|".encode())
+    h.update(
+        f"{image.width}x{image.height}|patch={processor.patch_size}|merge={processor.merge_size}|".encode()
+    )
     h.update(f"pixels={min_pixels}..{max_pixels}|model={fingerprint}\0".encode())
     h.update(image.tobytes())
     return ImageDigest(h.hexdigest())

@@ -20,7 +20,14 @@ from transformers import DynamicCache
 
 from ..mrope import RotaryLayout, rerotate
 
-__all__ = ["KVSegment", "SegmentKind", "segment_from_cache", "segments_to_cache", "stack_cache"]
+__all__ = [
+    "KVSegment",
+    "SegmentKind",
+    "append_to_cache",
+    "segment_from_cache",
+    "segments_to_cache",
+    "stack_cache",
+]
 
 SegmentKind = Literal["text", "image"]
 
@@ -97,6 +104,20 @@ class KVSegment:
             position_ids=self.position_ids + delta,
         )
 
+    def slice(self, begin: int, end: int | None = None, copy: bool = False) -> KVSegment:
+        """Tokens ``[begin, end)`` as a segment: views of this one's tensors, or copies with ``copy=True``
+        (so that holding the slice does not keep the whole tensor alive)."""
+        keys, values = self.keys[:, :, :, begin:end], self.values[:, :, :, begin:end]
+        if copy:
+            keys, values = keys.clone(), values.clone()
+        return replace(
+            self,
+            keys=keys,
+            values=values,
+            token_ids=self.token_ids[begin:end],
+            position_ids=self.position_ids[:, begin:end],
+        )
+
     def to(self, device: torch.device | str) -> KVSegment:
         """The same segment with K and V on ``device``."""
         return replace(self, keys=self.keys.to(device), values=self.values.to(device))
@@ -142,6 +163,12 @@ def segment_from_cache(
     return KVSegment(keys, values, token_ids.cpu(), position_ids.cpu(), kind, digest, layout)
 
 
+def append_to_cache(cache: DynamicCache, segment: KVSegment) -> None:
+    """Append ``segment``'s K and V to every layer of ``cache`` (mutates ``cache``; one update per layer)."""
+    for layer_idx in range(segment.num_layers):
+        cache.update(segment.keys[layer_idx], segment.values[layer_idx], layer_idx)
+
+
 def segments_to_cache(segments: Sequence[KVSegment], config=None) -> DynamicCache:
     """A new ``DynamicCache`` holding ``segments`` back to back, in order (one concatenation per layer).
 
@@ -150,8 +177,5 @@ def segments_to_cache(segments: Sequence[KVSegment], config=None) -> DynamicCach
     cache = DynamicCache(config=config) if config is not None else DynamicCache()
     if not segments:
         return cache
-    keys = torch.cat([s.keys for s in segments], dim=3)  # (layers, 1, H, total_L, D)
-    values = torch.cat([s.values for s in segments], dim=3)  # (layers, 1, H, total_L, D)
-    for layer_idx in range(keys.shape[0]):
-        cache.update(keys[layer_idx], values[layer_idx], layer_idx)
+    append_to_cache(cache, KVSegment.concat(segments) if len(segments) > 1 else segments[0])
     return cache

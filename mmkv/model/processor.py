@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
 
 __all__ = ["ImageInputs", "VLProcessor", "read_chat_template"]
 
@@ -98,6 +98,19 @@ class VLProcessor:
         """Resize, normalise and patchify RGB images: ``ImageInputs`` for the vision tower."""
         out = self.image_processor(images=list(images), return_tensors="pt")
         return ImageInputs(pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"].long())
+
+    def image_grid(self, image: Image.Image) -> tuple[int, int, int]:
+        """The vision grid ``(1, h, w)`` ``preprocess_images`` gives ``image``, from its size alone (no pixels
+        are touched): ``smart_resize`` to multiples of ``patch * merge`` within the pixel bounds."""
+        min_pixels, max_pixels = self.pixel_bounds
+        height, width = smart_resize(
+            image.height,
+            image.width,
+            factor=self.patch_size * self.merge_size,
+            min_pixels=min_pixels,
+            max_pixels=max_pixels,
+        )
+        return 1, height // self.patch_size, width // self.patch_size
 
     def num_image_tokens(self, grid_thw: torch.Tensor | Sequence[int]) -> int:
         """Pads one image expands to: ``t * h * w // merge**2``."""

@@ -5,6 +5,10 @@ config classes, shrunk (2-3 layers, hidden 64, head_dim 16) but keeping what mmk
 attention, the M-RoPE layout of the family (``[2, 3, 3]`` sectioned, ``[4, 2, 2]`` interleaved; both sum to
 head_dim / 2), Qwen3-VL's q/k norm and DeepStack on every layer, Qwen2.5-VL's windowed vision attention.
 
+Random initialisation (std 0.02) leaves attention nearly uniform, where positions hardly matter; trained
+models attend sharply. So the builder scales every attention score by 4 (q and k by 2 each, through the
+q/k norms where the family has them), which makes the tiny models sensitive to positions, as real ones are.
+
 The tokenizer is a byte-level BPE trained here on a fixed corpus (deterministic), carrying the Qwen special
 tokens and the family's chat template. Weights come from a fixed seed, so two builds are identical.
 """
@@ -187,6 +191,23 @@ def _build_qwen3_vl(tokenizer) -> tuple[PreTrainedModel, VLProcessor]:
 
 
 _BUILDERS = {"qwen2_5_vl": _build_qwen2_5_vl, "qwen3_vl": _build_qwen3_vl}
+ATTENTION_SHARPNESS = 4.0  # factor on every language-model attention score of a tiny model
+
+
+@torch.no_grad()
+def _sharpen_attention(model: PreTrainedModel, factor: float) -> None:
+    """Multiply every LM attention score by ``factor``: q and k by ``sqrt(factor)`` each (in place)."""
+    root = factor**0.5
+    for layer in model.model.language_model.layers:
+        attention = layer.self_attn
+        if hasattr(attention, "q_norm"):  # Qwen3: q/k are RMS-normalised after projection
+            attention.q_norm.weight.mul_(root)
+            attention.k_norm.weight.mul_(root)
+            continue
+        for proj in (attention.q_proj, attention.k_proj):
+            proj.weight.mul_(root)
+            if proj.bias is not None:
+                proj.bias.mul_(root)
 
 
 def build_tiny(family: str, seed: int = 0) -> tuple[PreTrainedModel, VLProcessor]:
@@ -200,4 +221,5 @@ def build_tiny(family: str, seed: int = 0) -> tuple[PreTrainedModel, VLProcessor
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model, processor = _BUILDERS[family](tokenizer)
+    _sharpen_attention(model, ATTENTION_SHARPNESS)
     return model.eval(), processor

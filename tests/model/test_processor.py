@@ -47,3 +47,13 @@ def test_large_images_are_resized_within_the_pixel_bound(tiny):
     proc = tiny.processor
     grid = proc.preprocess_images([random_image(0, (60, 90), proc.patch_size)]).image_grid_thw[0]
     assert int(grid[1] * grid[2]) * proc.patch_size**2 <= proc.pixel_bounds[1]
+
+
+@pytest.mark.parametrize("size", [(37, 211), (640, 480), (1000, 20), (57, 57)])
+def test_image_grid_from_size_equals_the_preprocessed_grid(tiny, size):
+    """image_grid (size only) equals the grid preprocess_images reports for odd, large, thin and small images."""
+    image = random_image(1, (1, 1), 1).resize(size)
+    assert (
+        list(tiny.processor.image_grid(image))
+        == tiny.processor.preprocess_images([image]).image_grid_thw[0].tolist()
+    )

@@ -1,0 +1,220 @@
+"""The image stores: a byte-bounded memory tier over an optional persistent disk tier, keyed by model and digest.
+
+``ImageKVStore`` keeps the language-model KV of images (``KVSegment``), ``EncoderStore`` the vision-tower
+outputs (``list[ImageFeatures]``); both are one generic ``TieredStore`` with a different ``StoreCodec``. A
+lookup tries the memory tier (live objects on the model's device), then the disk tier (records in the
+``mmkv.cache.codec`` format, decoded on the handle's device and promoted to memory). Every key is
+``"{model fingerprint}/{kind}/{digest}"``, so one model never even looks at another's entries, and each decoded
+record's own fingerprint and digest are checked again. A record that fails any check is counted as corrupt,
+deleted, and reported as absent: the caller recomputes. Several processes may share one directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar, Generic, Literal, TypeVar
+
+from ..kv.segment import KVSegment
+from ..kv.vision import ImageFeatures
+from ..model.handle import ModelHandle
+from .codec import decode_features, decode_segment, encode_features, encode_segment
+from .tiers import DiskTier, MemoryTier
+
+__all__ = [
+    "EncoderStore",
+    "ImageKVStore",
+    "StoreCodec",
+    "StoreStats",
+    "StoreTier",
+    "TierStats",
+    "TieredStore",
+]
+
+V = TypeVar("V")
+StoreTier = Literal["memory", "disk"]  # the tier that answered a lookup
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """Counters and occupancy of one tier (counters cover this store object's lifetime, ``clear`` included)."""
+
+    hits: int  # lookups this tier answered
+    misses: int  # lookups this tier did not (a corrupt entry counts in ``corrupt`` instead)
+    evictions: int  # entries dropped for room; memory tier only (diskcache culls without telling: 0 on disk)
+    bytes: int  # memory: declared bytes held; disk: the directory's volume (SQLite pages + value files)
+    entries: int  # entries held (disk: in the whole directory, whichever process wrote them)
+    corrupt: int  # disk entries that failed decoding and were deleted (always 0 in memory)
+    write_errors: int  # disk writes that failed and were skipped (always 0 in memory)
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """A snapshot of both tiers of a store."""
+
+    memory: TierStats  # the in-process LRU tier
+    disk: TierStats | None  # the persistent tier; None when the store has no path
+
+
+@dataclass(frozen=True)
+class StoreCodec(Generic[V]):
+    """What a ``TieredStore`` needs to know about its values."""
+
+    kind: str  # record kind: the middle part of every key, and the codec's "kind" field
+    encode: Callable[[V, str, str], bytes]  # (value, fingerprint, digest) -> record bytes
+    decode: Callable[[bytes, str, str, ModelHandle], V]  # (data, fingerprint, digest, handle) -> value
+    nbytes: Callable[[V], int]  # bytes the value holds, for the memory bound
+    check: Callable[[V, str], V]  # (value, digest) -> the value to hold; raises ValueError if unfit
+    view: Callable[[V], V]  # what get() and lookup() hand out for a held value (copy of a mutable container)
+
+
+class TieredStore(Generic[V]):
+    """A memory tier of live values over an optional disk tier of encoded records, for one value type.
+
+    Subclasses set ``codec``. Not copyable between processes; several stores (in one process or many) may
+    share one ``path``.
+    """
+
+    codec: ClassVar[StoreCodec]
+
+    def __init__(
+        self, path: str | Path | None = None, max_bytes: int = 2 << 30, disk_max_bytes: int = 16 << 30
+    ):
+        """A store holding up to ``max_bytes`` of values in memory and, if ``path`` is given, up to about
+        ``disk_max_bytes`` of records in the diskcache directory ``path`` (created if missing)."""
+        self.path = None if path is None else Path(path)  # the disk tier's directory, if any
+        self._memory: MemoryTier[V] = MemoryTier(max_bytes)
+        self._disk = None if path is None else DiskTier(path, disk_max_bytes)
+
+    def _key(self, digest: str, handle: ModelHandle) -> str:
+        """The memory and disk key of ``digest`` under ``handle``'s model."""
+        return f"{handle.fingerprint}/{self.codec.kind}/{digest}"
+
+    def get(self, digest: str, handle: ModelHandle) -> V | None:
+        """The value stored for ``digest`` under ``handle``'s model, or ``None`` (the caller computes it).
+
+        Memory first; else the disk record, decoded with the tensors on ``handle.device`` and promoted to memory.
+        A disk record that fails decoding is counted as corrupt, deleted, and ``None`` is returned. Updates the
+        hit, miss and LRU bookkeeping of the tiers it reads.
+        """
+        return self.lookup(digest, handle)[0]
+
+    def lookup(self, digest: str, handle: ModelHandle) -> tuple[V | None, StoreTier | None]:
+        """``get``, also saying which tier answered: ``(value, "memory" | "disk")``, or ``(None, None)``."""
+        key = self._key(digest, handle)
+        value = self._memory.get(key)
+        if value is not None:
+            return self.codec.view(value), "memory"
+        if self._disk is None:
+            return None, None
+        fingerprint = str(handle.fingerprint)
+        value = self._disk.get(key, lambda data: self.codec.decode(data, fingerprint, digest, handle))
+        if value is None:
+            return None, None
+        self._memory.put(key, value, self.codec.nbytes(value))
+        return self.codec.view(value), "disk"
+
+    def put(self, digest: str, value: V, handle: ModelHandle) -> None:
+        """Store ``value`` for ``digest`` under ``handle``'s model, in memory (held as given, not copied) and on
+        disk. Raises ``ValueError`` if ``value`` does not fit ``digest``. Never raises on a failed disk write
+        (counted in ``write_errors``); a value over a tier's bound is not stored in that tier. The disk record is
+        always (re)written, which also repairs a record whose value file went missing.
+        """
+        value = self.codec.check(value, digest)
+        key = self._key(digest, handle)
+        self._memory.put(key, value, self.codec.nbytes(value))
+        if self._disk is not None:
+            self._disk.put(key, self.codec.encode(value, str(handle.fingerprint), digest))
+
+    def contains(self, digest: str, handle: ModelHandle) -> bool:
+        """Whether either tier holds ``digest`` under ``handle``'s model (a disk record is not decoded, so it
+        may still turn out corrupt). Changes no counter and no LRU order."""
+        key = self._key(digest, handle)
+        return key in self._memory or (self._disk is not None and key in self._disk)
+
+    def stats(self) -> StoreStats:
+        """A snapshot of both tiers' counters and occupancy."""
+        mem = self._memory
+        memory = TierStats(
+            mem.hits, mem.misses, mem.evictions, mem.bytes, len(mem), corrupt=0, write_errors=0
+        )
+        if self._disk is None:
+            return StoreStats(memory=memory, disk=None)
+        d = self._disk
+        disk = TierStats(
+            d.hits, d.misses, 0, d.volume(), len(d), corrupt=d.corrupt, write_errors=d.write_errors
+        )
+        return StoreStats(memory=memory, disk=disk)
+
+    def clear(self) -> None:
+        """Empty both tiers (the disk directory for every store sharing it, all models). Counters are kept."""
+        self._memory.clear()
+        if self._disk is not None:
+            self._disk.clear()
+
+    def close(self) -> None:
+        """Close the disk tier's SQLite connection (it reopens on next use). The memory tier is kept."""
+        if self._disk is not None:
+            self._disk.close()
+
+
+def _check_segment(segment: KVSegment, digest: str) -> KVSegment:
+    if not isinstance(segment, KVSegment):
+        raise TypeError(f"ImageKVStore holds KVSegment values, got {type(segment).__name__}")
+    if segment.digest != digest:
+        raise ValueError(
+            f"segment digest {segment.digest!r} differs from the key {digest!r}; "
+            "build it with prefill_span(..., digest=digest) or dataclasses.replace(segment, digest=digest)"
+        )
+    return segment
+
+
+def _check_features(features: Sequence[ImageFeatures], digest: str) -> list[ImageFeatures]:
+    if isinstance(features, ImageFeatures) or not all(isinstance(f, ImageFeatures) for f in features):
+        raise TypeError("EncoderStore holds lists of ImageFeatures (one per image)")
+    if not features:
+        raise ValueError("EncoderStore cannot hold an empty feature list")
+    return list(features)
+
+
+_SEGMENT_CODEC: StoreCodec[KVSegment] = StoreCodec(
+    kind="segment",
+    encode=lambda segment, fingerprint, digest: encode_segment(segment, fingerprint),
+    decode=lambda data, fingerprint, digest, handle: decode_segment(
+        data, fingerprint, digest, handle.layout, handle.device
+    ),
+    nbytes=lambda segment: segment.nbytes,
+    check=_check_segment,
+    view=lambda segment: segment,  # immutable
+)
+
+_FEATURES_CODEC: StoreCodec[list[ImageFeatures]] = StoreCodec(
+    kind="features",
+    encode=encode_features,
+    decode=lambda data, fingerprint, digest, handle: decode_features(
+        data, fingerprint, digest, handle.device
+    ),
+    nbytes=lambda features: sum(f.nbytes for f in features),
+    check=_check_features,
+    view=list,  # a fresh list each time, so callers cannot change what the store holds
+)
+
+
+class ImageKVStore(TieredStore[KVSegment]):
+    """Language-model KV of images (``KVSegment``, digest equal to the key) per model and image digest.
+
+    ``get(digest, handle) -> KVSegment | None``, ``lookup`` (value and tier), ``put(digest, segment, handle)``,
+    ``contains``, ``stats``, ``clear``: see ``TieredStore``. Segments come back at the positions they were stored at (``moved_to`` them).
+    """
+
+    codec = _SEGMENT_CODEC
+
+
+class EncoderStore(TieredStore[list[ImageFeatures]]):
+    """Vision-tower outputs (``list[ImageFeatures]``, usually one) per model and image digest.
+
+    Same methods as ``ImageKVStore``; ``get`` returns a fresh list of the held (immutable) features.
+    """
+
+    codec = _FEATURES_CODEC

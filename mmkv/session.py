@@ -1,0 +1,514 @@
+"""``Session``: a multi-turn trajectory over one model that never pays twice for the same picture.
+
+The session holds the conversation (messages whose image items point into its list of images) and one live
+``DynamicCache``. Each turn renders the whole conversation with the model's own chat template and processor
+(so the token ids are exactly the processor's), then brings the live cache up to date with the least work:
+
+1. the longest prefix whose token ids and positions match the live cache is kept as it is (exact);
+2. every later piece is, in order:
+   - an image: under ``reuse="kv"`` its cached KV (``ImageKVStore``) re-rotated to its new start, with its first
+     ``seam`` tokens recomputed in context; under ``"encoder"`` its cached vision-tower output
+     (``EncoderStore``) prefilled in context (exact); under ``"none"`` the vision tower and prefill run afresh.
+     On a miss the image is computed in context and stored;
+   - a text run: prefilled in context; under ``"kv"``, a run identical to one already in the live cache (the
+     text after an image that left the ``window``) is spliced from there, re-rotated;
+3. the question is prefilled and the answer decoded greedily.
+
+Splicing KV computed after another prefix is an approximation (position-independent caching); the eval
+measures it. Re-rotation itself is exact.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import torch
+from PIL import Image
+
+from .cache import EncoderStore, ImageDigest, ImageKVStore, image_digest
+from .compat import crop_cache
+from .images import DEFAULT_MAX_PIXELS, ImageSource, load_image
+from .kv import ImageFeatures, KVSegment, encode_images, new_cache, prefill_span, segment_from_cache
+from .kv.segment import append_to_cache
+from .model.handle import ModelHandle
+from .prompt import PromptPiece, layout_positions, split_prompt
+
+__all__ = ["Answer", "ImageReuse", "PrefillStats", "ReusePolicy", "Session", "SessionConfig"]
+
+ReusePolicy = Literal["kv", "encoder", "none"]
+ImageSourceKind = Literal["live", "memory", "disk", "computed"]
+
+
+@dataclass(frozen=True)
+class SessionConfig:
+    """How a session reuses work. Validated on construction."""
+
+    reuse: ReusePolicy = "kv"  # "kv" (splice cached KV), "encoder" (cached vision outputs), "none"
+    seam: int = 1  # kv: leading tokens of a spliced image recomputed in context (0: pure splice)
+    window: int | None = None  # keep only the last N images in the prompt (None: all)
+    rotate: bool = True  # kv: re-rotate spliced keys (False only for the no-rotation control)
+    rotate_axes: tuple[int, ...] = (0, 1, 2)  # kv: axes re-rotated; (0,) is the temporal-only ablation
+    max_image_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger inputs (decompression bombs)
+
+    def __post_init__(self) -> None:
+        if self.reuse not in ("kv", "encoder", "none"):
+            raise ValueError(f"reuse must be 'kv', 'encoder' or 'none', got {self.reuse!r}")
+        if self.seam < 0:
+            raise ValueError(f"seam must be >= 0, got {self.seam}")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"window must be None or >= 1, got {self.window}")
+        if not set(self.rotate_axes) <= {0, 1, 2}:
+            raise ValueError(f"rotate_axes must be a subset of (0, 1, 2), got {self.rotate_axes}")
+
+
+@dataclass(frozen=True)
+class ImageReuse:
+    """Where one image of a turn came from."""
+
+    index: int  # the image's number in the session (0-based, in order of add_image)
+    digest: ImageDigest  # its content digest
+    source: (
+        ImageSourceKind  # "live" (kept prefix), "memory"/"disk" (store tier), "computed" (vision tower ran)
+    )
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The result of one ``ask``."""
+
+    text: str  # the decoded answer, special tokens removed
+    token_ids: tuple[int, ...]  # generated ids (the end-of-turn token included when produced)
+    ttft_s: float  # seconds from the call to the first answer token
+    total_s: float  # seconds for the whole call
+    prompt_tokens: int  # tokens in the rendered prompt
+    prefilled_tokens: int  # prompt tokens run through the language model this turn
+    reused_tokens: int  # prompt tokens whose KV came from the live cache or a store
+    images: tuple[ImageReuse, ...]  # one entry per image in the prompt
+
+
+@dataclass(frozen=True)
+class _Image:
+    """An image the session holds."""
+
+    pixels: Image.Image  # normalised RGB
+    digest: ImageDigest  # content key (pixels + processor + model)
+    grid: tuple[int, int, int]  # vision grid it is processed at
+
+
+@dataclass
+class _LivePiece:
+    """A piece of the prompt whose KV sits in the live cache."""
+
+    kind: Literal["text", "image"]
+    begin: int  # first cache entry
+    token_ids: torch.Tensor  # (L,)
+    digest: ImageDigest | None  # images only
+
+    @property
+    def length(self) -> int:
+        """Tokens in the piece."""
+        return int(self.token_ids.shape[0])
+
+
+@dataclass
+class PrefillStats:
+    """What bringing the live cache up to one prompt took."""
+
+    prompt_tokens: int = 0  # tokens in the prompt
+    prefilled: int = 0  # tokens run through the language model
+    reused: int = 0  # tokens whose KV came from the live cache or a store
+    images: list[ImageReuse] = field(default_factory=list)  # where each image of the prompt came from
+
+
+class Session:
+    """A conversation over one model with image and KV reuse. Not thread-safe; one live cache per session."""
+
+    def __init__(
+        self,
+        model: ModelHandle,
+        store: ImageKVStore | None = None,
+        reuse: ReusePolicy = "kv",
+        seam: int = 1,
+        window: int | None = None,
+        *,
+        encoder_store: EncoderStore | None = None,
+        config: SessionConfig | None = None,
+    ) -> None:
+        """``store``/``encoder_store`` default to private in-memory stores; pass shared ones (optionally with a
+        directory) to reuse images across sessions and processes. ``config`` overrides the keyword settings."""
+        self.model = model
+        self.config = config or SessionConfig(reuse=reuse, seam=seam, window=window)
+        self.store = store if store is not None else ImageKVStore()
+        self.encoder_store = encoder_store if encoder_store is not None else EncoderStore()
+        self.messages: list[dict] = []  # chat messages; image items carry "image_index"
+        self.images: list[_Image] = []
+        self.last_prefill = PrefillStats()  # what the latest ask / next_token_logits took
+        self._reset_live()
+
+    # ----------------------------------------------------------------------------------------- conversation
+    def add_text(self, text: str, role: str = "user") -> None:
+        """Append ``text`` to the conversation as ``role`` (joined to the last message if it has that role)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        self._append_item(role, {"type": "text", "text": text})
+
+    def add_image(self, image: ImageSource) -> ImageDigest:
+        """Append an image (PIL image, path or bytes) to the current user message; returns its digest.
+
+        Raises an ``mmkv.ImageError`` / ``UnsupportedInputError`` for bad input, leaving the session unchanged.
+        """
+        pixels = load_image(image, max_pixels=self.config.max_image_pixels)
+        processor = self.model.processor
+        record = _Image(
+            pixels, image_digest(pixels, processor, self.model.fingerprint), processor.image_grid(pixels)
+        )
+        self.images.append(record)
+        self._append_item("user", {"type": "image", "image_index": len(self.images) - 1})
+        return record.digest
+
+    def clear(self) -> None:
+        """Forget the conversation and the live cache (the stores keep their entries)."""
+        self.messages.clear()
+        self.images.clear()
+        self._reset_live()
+
+    @torch.inference_mode()
+    def ask(self, question: str, max_new_tokens: int = 32) -> Answer:
+        """Ask ``question`` as the user, decode the answer greedily, append both to the conversation.
+
+        On an error the conversation is left as it was (the live cache is dropped and rebuilt next turn).
+        """
+        started = time.perf_counter()
+        try:
+            logits, turn = self._prefill_conversation(question)
+            ttft = time.perf_counter() - started
+            generated = self._decode(logits, max_new_tokens)
+        except BaseException:
+            self._reset_live()
+            raise
+        text = self.model.tokenizer.decode(generated, skip_special_tokens=True).strip()
+        self.add_text(question, "user")
+        self._append_item("assistant", {"type": "text", "text": text})
+        return Answer(
+            text=text,
+            token_ids=tuple(generated),
+            ttft_s=ttft,
+            total_s=time.perf_counter() - started,
+            prompt_tokens=turn.prompt_tokens,
+            prefilled_tokens=turn.prefilled,
+            reused_tokens=turn.reused,
+            images=tuple(turn.images),
+        )
+
+    @torch.inference_mode()
+    def next_token_logits(self, question: str) -> torch.Tensor:
+        """``(vocab,)`` float32 logits of the first answer token to ``question``. The conversation is unchanged
+        (the live cache may hold the question afterwards; the next turn reuses what still matches)."""
+        try:
+            logits, _ = self._prefill_conversation(question)
+        except BaseException:
+            self._reset_live()
+            raise
+        return logits
+
+    # ------------------------------------------------------------------------------------------- rendering
+    def render(
+        self, question: str | None = None, add_generation_prompt: bool = True
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The prompt's token ids ``(L,)`` and the session indices of the images in it (after the window), with
+        ``question`` joined to the conversation as the user's last words. Changes nothing."""
+        visible = self._visible_images()
+        messages = []
+        for message in self.messages:
+            content = [
+                item
+                for item in message["content"]
+                if item["type"] != "image" or item["image_index"] in visible
+            ]
+            messages.append({"role": message["role"], "content": content})
+        if question is not None:
+            item = {"type": "text", "text": question}
+            if messages and messages[-1]["role"] == "user":
+                messages[-1]["content"].append(item)
+            else:
+                messages.append({"role": "user", "content": [item]})
+        processor = self.model.processor
+        text = processor.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        order = [item["image_index"] for m in messages for item in m["content"] if item["type"] == "image"]
+        grids = torch.tensor([self.images[i].grid for i in order], dtype=torch.long).reshape(-1, 3)
+        text = processor.expand_image_pads(text, grids)
+        return torch.tensor(processor.encode_text(text), dtype=torch.long), order
+
+    def _visible_images(self) -> set[int]:
+        window = self.config.window
+        first = 0 if window is None else max(0, len(self.images) - window)
+        return set(range(first, len(self.images)))
+
+    def _append_item(self, role: str, item: dict) -> None:
+        if self.messages and self.messages[-1]["role"] == role:
+            self.messages[-1]["content"].append(item)
+        else:
+            self.messages.append({"role": role, "content": [item]})
+
+    # --------------------------------------------------------------------------------------- live cache
+    def _reset_live(self) -> None:
+        self._cache = new_cache(self.model)
+        self._live_ids = torch.zeros(0, dtype=torch.long)  # (N,) ids in the cache
+        self._live_positions = torch.zeros(3, 0, dtype=torch.long)  # (3, N)
+        self._live_pieces: list[_LivePiece] = []
+
+    def live_segment(self) -> KVSegment | None:
+        """The whole live cache as one segment (a copy of its K/V, ids and positions), or None when empty."""
+        if not self.live_tokens:
+            return None
+        return segment_from_cache(
+            self._cache, 0, self._live_ids, self._live_positions, self.model.layout, "text"
+        )
+
+    @property
+    def live_tokens(self) -> int:
+        """Tokens whose KV is in the live cache."""
+        return int(self._live_ids.shape[0])
+
+    def _prefill_conversation(self, question: str | None) -> tuple[torch.Tensor, PrefillStats]:
+        ids, order = self.render(question)
+        grids = torch.tensor([self.images[i].grid for i in order], dtype=torch.long).reshape(-1, 3)
+        pieces = split_prompt(self.model, ids, grids)
+        positions = torch.cat(layout_positions(self.model, pieces), dim=1)  # (3, L)
+        keep = self._matching_prefix(ids, positions, pieces)
+        turn = PrefillStats(prompt_tokens=int(ids.shape[0]), reused=keep)
+        reusable_text = self._truncate_live(keep)
+        logits = self._fill(pieces, order, ids, positions, keep, reusable_text, turn)
+        self.last_prefill = turn
+        return logits, turn
+
+    def _matching_prefix(
+        self, ids: torch.Tensor, positions: torch.Tensor, pieces: Sequence[PromptPiece]
+    ) -> int:
+        """Length of the live prefix to keep: same ids and positions, not inside an image, < len(ids)."""
+        n = min(self.live_tokens, int(ids.shape[0]) - 1)
+        same = (self._live_ids[:n] == ids[:n]) & (self._live_positions[:, :n] == positions[:, :n]).all(0)
+        keep = n if bool(same.all()) else int((~same).nonzero()[0])
+        begin = 0
+        for piece in pieces:  # never keep half an image
+            if piece.kind == "image" and begin < keep < begin + piece.length:
+                return begin
+            begin += piece.length
+        return keep
+
+    def _truncate_live(self, keep: int) -> list[KVSegment]:
+        """Crop the live cache to ``keep`` tokens. Returns the text pieces cut off whole, as segments (read
+        before cropping), for ``kv`` reuse further on."""
+        cut = [p for p in self._live_pieces if p.kind == "text" and p.begin >= keep]
+        segments = (
+            [
+                segment_from_cache(
+                    self._cache,
+                    p.begin,
+                    p.token_ids,
+                    self._live_positions[:, p.begin : p.begin + p.length],
+                    self.model.layout,
+                    "text",
+                )
+                for p in cut
+            ]
+            if self.config.reuse == "kv"
+            else []
+        )
+        crop_cache(self._cache, keep)
+        self._live_ids = self._live_ids[:keep]
+        self._live_positions = self._live_positions[:, :keep]
+        self._live_pieces = [p for p in self._live_pieces if p.begin + p.length <= keep]
+        return segments
+
+    def _fill(self, pieces, order, ids, positions, keep, reusable_text, turn) -> torch.Tensor:
+        """Bring the live cache from ``keep`` tokens to the whole prompt; returns the last token's logits."""
+        pending = _Pending()
+        logits = None
+        begin = 0
+        for piece in pieces:
+            end = begin + piece.length
+            if end <= keep:
+                if piece.kind == "image":
+                    index = order[piece.image_index]
+                    turn.images.append(ImageReuse(index, self.images[index].digest, "live"))
+                begin = end
+                continue
+            start = max(begin, keep)
+            piece_ids, piece_pos = ids[start:end], positions[:, start:end]
+            if piece.kind == "text":
+                logits = self._place_text(piece_ids, piece_pos, reusable_text, pending, logits, turn)
+            else:
+                logits = self._place_image(
+                    piece, order[piece.image_index], piece_ids, piece_pos, pending, logits, turn
+                )
+            begin = end
+        logits = self._flush(pending, logits, turn)
+        assert logits is not None and self.live_tokens == ids.shape[0], "the prompt was not fully prefilled"
+        return logits
+
+    def _place_text(self, ids, positions, candidates: list[KVSegment], pending, logits, turn):
+        """Queue a text run for prefill, splicing first any cut-off live text segment it begins with (kv mode:
+        text after an image that left the window). Consumes the candidates it uses."""
+        while ids.shape[0] and candidates:
+            match = max(
+                (
+                    c
+                    for c in candidates
+                    if c.length <= ids.shape[0] and torch.equal(c.token_ids, ids[: c.length])
+                ),
+                key=lambda c: c.length,
+                default=None,
+            )
+            if match is None:
+                break
+            candidates.remove(match)
+            logits = self._flush(pending, logits, turn)
+            self._splice(match, positions[:, : match.length], "text", None)
+            turn.reused += match.length
+            ids, positions = ids[match.length :], positions[:, match.length :]
+        if ids.shape[0]:
+            pending.add(ids, positions, "text")
+        return logits
+
+    def _place_image(self, piece, index, piece_ids, piece_pos, pending, logits, turn) -> torch.Tensor | None:
+        image = self.images[index]
+        reuse = self.config.reuse
+        if reuse == "kv":
+            segment, tier = self.store.lookup(image.digest, self.model)
+            if segment is not None:
+                logits = self._flush(pending, logits, turn)
+                seam_logits = self._splice_image(segment, image, piece_pos, turn)
+                logits = seam_logits if seam_logits is not None else logits
+                turn.images.append(ImageReuse(index, image.digest, tier))
+                return logits
+        features, source = self._features(image)
+        turn.images.append(ImageReuse(index, image.digest, source))
+        pending.add(piece_ids, piece_pos, "image", features, image, store=reuse == "kv")
+        return logits
+
+    def _features(self, image: _Image) -> tuple[list[ImageFeatures], ImageSourceKind]:
+        if self.config.reuse != "none":
+            cached, tier = self.encoder_store.lookup(image.digest, self.model)
+            if cached is not None:
+                return cached, tier
+        features = encode_images(self.model, self.model.processor.preprocess_images([image.pixels]))
+        if self.config.reuse != "none":
+            self.encoder_store.put(image.digest, features, self.model)
+        return features, "computed"
+
+    def _splice_image(self, segment: KVSegment, image: _Image, positions: torch.Tensor, turn: PrefillStats):
+        """Splice a cached image segment at ``positions``: recompute its first ``seam`` tokens in context, then
+        append the rest re-rotated. Returns the logits of the last recomputed token (or None)."""
+        seam = min(self.config.seam, segment.length)
+        logits = None
+        if seam:
+            num_pads = seam - 1  # the first token is <|vision_start|>
+            features = []
+            if num_pads:
+                full, _ = self._features(image)
+                features = [
+                    ImageFeatures(full[0].embeds[:num_pads], tuple(d[:num_pads] for d in full[0].deepstack))
+                ]
+            result = prefill_span(
+                self.model,
+                segment.token_ids[:seam],
+                positions[:, :seam],
+                context=self._cache,
+                features=features,
+            )
+            self._record(segment.token_ids[:seam], positions[:, :seam], "image", image.digest)
+            turn.prefilled += seam
+            logits = result.logits
+        if seam < segment.length:
+            rest = segment.slice(seam)
+            self._splice(rest, positions[:, seam:], "image", image.digest, keep_piece=seam > 0)
+            turn.reused += segment.length - seam
+        return logits
+
+    def _splice(
+        self, segment: KVSegment, positions: torch.Tensor, kind, digest, keep_piece: bool = False
+    ) -> None:
+        """Append ``segment`` to the live cache at ``positions`` (its first token's start)."""
+        start = int(positions[0, 0])
+        if self.config.rotate:
+            placed = segment.moved_to(start, axes=self.config.rotate_axes)
+        else:
+            placed = replace(segment, position_ids=segment.position_ids + (start - segment.start))
+        append_to_cache(self._cache, placed)
+        self._record(placed.token_ids, positions, kind, digest, extend_last=keep_piece)
+
+    def _flush(self, pending: _Pending, logits, turn: PrefillStats) -> torch.Tensor | None:
+        """Prefill the pending run of tokens in context; store the KV of images computed there (kv mode)."""
+        if not pending.pieces:
+            return logits
+        ids, positions = torch.cat(pending.ids), torch.cat(pending.positions, dim=1)
+        result = prefill_span(self.model, ids, positions, context=self._cache, features=pending.features)
+        turn.prefilled += int(ids.shape[0])
+        for offset, length, kind, image, store in pending.pieces:
+            digest = image.digest if image is not None else None
+            self._record(ids[offset : offset + length], positions[:, offset : offset + length], kind, digest)
+            if store:
+                segment = replace(
+                    result.segment.slice(offset, offset + length, copy=True), kind="image", digest=digest
+                )
+                self.store.put(digest, segment, self.model)
+        pending.clear()
+        return result.logits
+
+    def _record(self, ids, positions, kind, digest, extend_last: bool = False) -> None:
+        """Note tokens just appended to the live cache."""
+        begin = self.live_tokens
+        self._live_ids = torch.cat([self._live_ids, ids])
+        self._live_positions = torch.cat([self._live_positions, positions], dim=1)
+        if extend_last and self._live_pieces:
+            last = self._live_pieces[-1]
+            last.token_ids = torch.cat([last.token_ids, ids])
+        else:
+            self._live_pieces.append(_LivePiece(kind, begin, ids, digest))
+
+    def _decode(self, logits: torch.Tensor, max_new_tokens: int) -> list[int]:
+        eos = self.model.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        generated: list[int] = []
+        position = int(self._live_positions.max()) + 1 if self.live_tokens else 0
+        for _ in range(max_new_tokens):
+            token = int(logits.argmax())
+            generated.append(token)
+            if token == eos or len(generated) == max_new_tokens:
+                break
+            ids = torch.tensor([token])
+            pos = torch.full((3, 1), position, dtype=torch.long)
+            logits = prefill_span(self.model, ids, pos, context=self._cache).logits
+            self._record(ids, pos, "text", None, extend_last=True)
+            position += 1
+        return generated
+
+
+class _Pending:
+    """Pieces waiting to be prefilled together in one forward call."""
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every pending piece."""
+        self.ids: list[torch.Tensor] = []  # per piece (L_i,)
+        self.positions: list[torch.Tensor] = []  # per piece (3, L_i)
+        self.features: list[ImageFeatures] = []  # for the image pads, in order
+        self.pieces: list[
+            tuple[int, int, str, _Image | None, bool]
+        ] = []  # (offset, length, kind, image, store)
+        self._length = 0
+
+    def add(
+        self, ids, positions, kind, features=(), image: _Image | None = None, store: bool = False
+    ) -> None:
+        """Queue a piece; ``store``: put the image's KV into the store once computed."""
+        self.pieces.append((self._length, int(ids.shape[0]), kind, image, store))
+        self.ids.append(ids)
+        self.positions.append(positions)
+        self.features.extend(features)
+        self._length += int(ids.shape[0])

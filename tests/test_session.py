@@ -1,0 +1,172 @@
+"""Session: token ids as the processor makes them, each reuse policy against full recompute, the window."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+import mmkv
+import mmkv.prompt
+from mmkv.cache import ImageKVStore
+from mmkv.kv import append_to_cache, new_cache, prefill_span
+from tests.conftest import random_image
+
+
+def _images(handle, n=3):
+    patch = handle.processor.patch_size
+    grids = [(4, 6), (6, 2), (2, 8), (4, 4)]
+    return [random_image(10 + i, grids[i], patch) for i in range(n)]
+
+
+def _full_forward_logits(handle, session: mmkv.Session, question: str) -> torch.Tensor:
+    """The model's own forward (pixels, get_rope_index) over the processor's rendering of the conversation."""
+    messages = [dict(m, content=list(m["content"])) for m in session.messages]
+    if messages and messages[-1]["role"] == "user":  # the session joins the question to the user's message
+        messages[-1]["content"].append({"type": "text", "text": question})
+    else:
+        messages.append({"role": "user", "content": [{"type": "text", "text": question}]})
+    proc = handle.processor
+    images = [
+        session.images[item["image_index"]].pixels
+        for m in messages
+        for item in m["content"]
+        if item["type"] == "image"
+    ]
+    inputs = proc(proc.apply_chat_template(messages), images or None)
+    with torch.inference_mode():
+        out = handle.model(**inputs)
+    handle.model.model.rope_deltas = None
+    return out.logits[0, -1].float()
+
+
+def _max_abs(a, b) -> float:
+    return (a - b).abs().max().item()
+
+
+def test_rendered_ids_equal_the_processor(tiny):
+    """A session's prompt ids equal the processor's chat template + call on the same conversation."""
+    session = mmkv.Session(tiny, reuse="none")
+    a, b, _ = _images(tiny)
+    session.add_text("You are a careful agent.", role="system")
+    session.add_image(a)
+    session.add_text("What is shown?")
+    session.add_text("It is a form.", role="assistant")
+    session.add_image(b)
+    session.add_text("And now?")
+    ids, order = session.render()
+    messages = [
+        {"role": "system", "content": [{"type": "text", "text": "You are a careful agent."}]},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is shown?"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "It is a form."}]},
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "And now?"}]},
+    ]
+    expected = tiny.processor(tiny.processor.apply_chat_template(messages), [a, b])["input_ids"][0]
+    assert order == [0, 1] and torch.equal(ids, expected)
+
+
+def test_none_and_encoder_equal_the_models_own_forward_over_turns(tiny):
+    """Several images at several positions over three turns: reuse="encoder" gives the logits of reuse="none",
+    and both those of one full forward (max abs <= 1e-4); encoder hits are reported."""
+    a, b, c = _images(tiny)
+    sessions = {policy: mmkv.Session(tiny, reuse=policy) for policy in ("none", "encoder")}
+    for turn, step in enumerate([[a], [b, a], [c]]):
+        for session in sessions.values():
+            session.add_text(f"turn {turn}:")
+            for image in step:
+                session.add_image(image)
+        reference = _full_forward_logits(tiny, sessions["none"], "Which one?")
+        logits = {p: s.next_token_logits("Which one?") for p, s in sessions.items()}
+        assert _max_abs(logits["none"], reference) <= 1e-4
+        assert _max_abs(logits["encoder"], reference) <= 1e-4
+        for session in sessions.values():
+            session.add_text("ok", role="assistant")
+    answer = sessions["encoder"].ask("Last question?", max_new_tokens=3)
+    assert {r.source for r in answer.images} <= {"live", "memory"} and len(answer.images) == 4
+    assert sessions["encoder"].encoder_store.stats().memory.hits >= 1
+
+
+def test_kv_after_the_same_preamble_equals_full_recompute(tiny):
+    """An image cached in one session and spliced by another right after the same preamble gives the logits
+    of full recompute (<= 1e-4), reported as a store hit."""
+    store, (image, _, _) = ImageKVStore(), _images(tiny)
+    first = mmkv.Session(tiny, store=store)
+    first.add_image(image)
+    first.ask("Describe it.", max_new_tokens=2)
+    second = mmkv.Session(tiny, store=store)
+    second.add_image(image)
+    logits = second.next_token_logits("What colour dominates?")
+    reference = _full_forward_logits(tiny, second, "What colour dominates?")
+    assert _max_abs(logits, reference) <= 1e-4
+    answer = second.ask("What colour dominates?", max_new_tokens=2)
+    assert answer.images[0].source in ("memory", "live")
+
+
+def test_moved_image_rerotated_is_closer_than_unrotated(tiny):
+    """Cached after a short preamble, reused 60+ positions later after other text: the re-rotated splice is
+    closer to full recompute (logit cosine) than the un-rotated one."""
+    store, (image, _, _) = ImageKVStore(), _images(tiny)
+    warm = mmkv.Session(tiny, store=store)
+    warm.add_image(image)
+    warm.next_token_logits("Describe it.")
+    cosines = {}
+    for rotate in (True, False):
+        config = mmkv.SessionConfig(reuse="kv", seam=0, rotate=rotate)
+        session = mmkv.Session(tiny, store=store, config=config)
+        session.add_text(" ".join(["Here is a long history of earlier steps in the task."] * 4))
+        session.add_image(image)
+        logits = session.next_token_logits("Describe it.")
+        reference = _full_forward_logits(tiny, session, "Describe it.")
+        cosines[rotate] = F.cosine_similarity(logits, reference, dim=0).item()
+    assert cosines[True] > cosines[False]
+
+
+def test_window_rebuild_prefills_only_new_tokens_and_equals_splicing_by_hand(tiny):
+    """window=2, a third image arrives and the first leaves: only the new suffix is prefilled (count asserted,
+    seam 0) and the logits equal splicing the same cached segments by hand (<= 1e-5)."""
+    a, b, c = _images(tiny)
+    session = mmkv.Session(tiny, reuse="kv", seam=0, window=2)
+    session.add_text("Step one:")
+    session.add_image(a)
+    session.add_text("click(ok)", role="assistant")
+    session.add_text("Step two:")
+    session.add_image(b)
+    session.next_token_logits("Next?")  # turn 2: everything is prefilled, B is stored
+    old = session.live_segment()
+    session.add_text("Next?")
+    session.add_text("click(next)", role="assistant")
+    session.add_text("Step three:")
+    session.add_image(c)
+    logits = session.next_token_logits("Now?")
+    stats = session.last_prefill
+    new_ids, order = session.render("Now?")
+    assert order == [1, 2] and stats.prompt_tokens == new_ids.shape[0]
+    proc, pieces_old = (
+        tiny.processor,
+        mmkv.prompt.split_prompt(
+            tiny, old.token_ids, torch.tensor([session.images[0].grid, session.images[1].grid])
+        ),
+    )
+    a_piece = pieces_old[1]
+    a_begin = pieces_old[0].length
+    without_a = torch.cat([old.token_ids[:a_begin], old.token_ids[a_begin + a_piece.length :]])
+    assert torch.equal(new_ids[: without_a.shape[0]], without_a)
+    suffix = new_ids.shape[0] - without_a.shape[0]
+    assert stats.prefilled == suffix and stats.reused == without_a.shape[0]
+    # by hand: the kept prefix, then every old piece after A moved to its new start, then prefill the suffix
+    grids = torch.tensor([session.images[i].grid for i in order])
+    new_positions = torch.cat(
+        mmkv.prompt.layout_positions(tiny, mmkv.prompt.split_prompt(tiny, new_ids, grids)), 1
+    )
+    cache = new_cache(tiny)
+    append_to_cache(cache, old.slice(0, a_begin))
+    rest = old.slice(a_begin + a_piece.length)
+    append_to_cache(cache, rest.moved_to(int(new_positions[0, a_begin])))
+    images = proc.preprocess_images([c])
+    by_hand = prefill_span(
+        tiny,
+        new_ids[without_a.shape[0] :],
+        new_positions[:, without_a.shape[0] :],
+        context=cache,
+        images=images,
+    )
+    assert _max_abs(logits, by_hand.logits) <= 1e-5
