@@ -30,6 +30,7 @@ from PIL import Image
 
 from .cache import EncoderStore, ImageDigest, ImageKVStore, image_digest
 from .compat import crop_cache
+from .errors import StoreMismatchError
 from .images import DEFAULT_MAX_PIXELS, ImageSource, load_image
 from .kv import ImageFeatures, KVSegment, encode_images, new_cache, prefill_span, segment_from_cache
 from .kv.segment import append_to_cache
@@ -143,6 +144,12 @@ class Session:
         self.config = config or SessionConfig(reuse=reuse, seam=seam, window=window)
         self.store = store if store is not None else ImageKVStore()
         self.encoder_store = encoder_store if encoder_store is not None else EncoderStore()
+        if not isinstance(self.store, ImageKVStore):
+            raise StoreMismatchError(f"store must be an ImageKVStore, got {type(self.store).__name__}")
+        if not isinstance(self.encoder_store, EncoderStore):
+            raise StoreMismatchError(
+                f"encoder_store must be an EncoderStore, got {type(self.encoder_store).__name__}"
+            )
         self.messages: list[dict] = []  # chat messages; image items carry "image_index"
         self.images: list[_Image] = []
         self.last_prefill = PrefillStats()  # what the latest ask / next_token_logits took
@@ -380,6 +387,7 @@ class Session:
         if reuse == "kv":
             segment, tier = self.store.lookup(image.digest, self.model)
             if segment is not None:
+                self._check_fits(segment, piece_ids)
                 logits = self._flush(pending, logits, turn)
                 seam_logits = self._splice_image(segment, image, piece_pos, turn)
                 logits = seam_logits if seam_logits is not None else logits
@@ -389,6 +397,24 @@ class Session:
         turn.images.append(ImageReuse(index, image.digest, source))
         pending.add(piece_ids, piece_pos, "image", features, image, store=reuse == "kv")
         return logits
+
+    def _check_fits(self, segment: KVSegment, token_ids: torch.Tensor) -> None:
+        """Raise ``StoreMismatchError`` unless ``segment`` is KV this model could have made for ``token_ids``."""
+        cache_layer = self._cache.layers[0] if self.live_tokens else None
+        expected_layers = self.model.num_layers
+        if segment.num_layers != expected_layers or segment.keys.shape[-1] != self.model.layout.head_dim:
+            raise StoreMismatchError(
+                f"the store returned KV with {segment.num_layers} layers and head_dim {segment.keys.shape[-1]}; "
+                f"this model has {expected_layers} layers and head_dim {self.model.layout.head_dim}. "
+                "Use a store directory per model, or clear it"
+            )
+        if cache_layer is not None and segment.keys.shape[2] != cache_layer.keys.shape[1]:
+            raise StoreMismatchError(
+                f"the stored KV has {segment.keys.shape[2]} kv heads, the model has "
+                f"{cache_layer.keys.shape[1]}"
+            )
+        if not torch.equal(segment.token_ids.cpu(), token_ids.cpu()):
+            raise StoreMismatchError("the stored KV is for other tokens than this image's span")
 
     def _features(self, image: _Image) -> tuple[list[ImageFeatures], ImageSourceKind]:
         if self.config.reuse != "none":

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 import mmkv
 import mmkv.prompt
-from mmkv.cache import ImageKVStore
+from mmkv.cache import EncoderStore, ImageKVStore
 from mmkv.kv import append_to_cache, new_cache, prefill_span
 from tests.conftest import random_image
 
@@ -170,3 +174,88 @@ def test_window_rebuild_prefills_only_new_tokens_and_equals_splicing_by_hand(tin
         images=images,
     )
     assert _max_abs(logits, by_hand.logits) <= 1e-5
+
+
+@pytest.mark.parametrize("seam", [0, 3])
+def test_kv_seams_that_recompute_pads_stay_exact_in_the_same_context(tiny, seam):
+    """seam 0 (pure splice) and seam 3 (marker + two pads recomputed from cached vision features, DeepStack
+    included) are exact too when the context is the one the image was cached in."""
+    store, (image, _, _) = ImageKVStore(), _images(tiny)
+    warm = mmkv.Session(tiny, store=store)
+    warm.add_image(image)
+    warm.next_token_logits("Describe it.")
+    session = mmkv.Session(tiny, store=store, seam=seam, encoder_store=warm.encoder_store)
+    session.add_image(image)
+    logits = session.next_token_logits("Describe it.")
+    assert _max_abs(logits, _full_forward_logits(tiny, session, "Describe it.")) <= 1e-4
+    assert session.last_prefill.images[0].source == "memory"
+    assert session.last_prefill.prefilled == session.last_prefill.prompt_tokens - (
+        session.last_prefill.reused
+    )
+
+
+def test_ask_appends_the_turn_and_reuses_the_live_prefix(tiny):
+    """ask returns text and counts, appends question and answer; the next turn keeps the live prefix."""
+    session = mmkv.Session(tiny)
+    image, _, _ = _images(tiny)
+    session.add_image(image)
+    first = session.ask("What is it?", max_new_tokens=4)
+    assert isinstance(first.text, str) and 1 <= len(first.token_ids) <= 4
+    assert first.prefilled_tokens == first.prompt_tokens and first.reused_tokens == 0
+    assert [m["role"] for m in session.messages] == ["user", "assistant"]
+    assert first.ttft_s <= first.total_s
+    second = session.ask("Are you sure?", max_new_tokens=2)
+    assert second.reused_tokens >= first.prompt_tokens - 1
+    assert second.images[0].source == "live"
+
+
+def test_bad_images_raise_their_errors_and_leave_the_session_usable(tiny, tmp_path):
+    """Each bad input raises its mmkv error with a message; the conversation is unchanged and still answers."""
+    session = mmkv.Session(tiny, config=mmkv.SessionConfig(max_image_pixels=100_000))
+    image, _, _ = _images(tiny)
+    session.add_image(image)
+    before = [dict(m, content=list(m["content"])) for m in session.messages]
+    bad_inputs = [
+        (b"not an image", mmkv.UnreadableImageError, "not a readable image"),
+        (tmp_path / "missing.png", mmkv.UnreadableImageError, "no image file"),
+        (Image.new("RGB", (0, 3)), mmkv.EmptyImageError, "no pixels"),
+        (Image.new("RGB", (1000, 1000)), mmkv.ImageTooLargeError, "over the bound"),
+        (3.5, mmkv.UnsupportedInputError, "got float"),
+    ]
+    for bad, error, message in bad_inputs:
+        with pytest.raises(error, match=message):
+            session.add_image(bad)
+    assert session.messages == before and len(session.images) == 1
+    assert session.ask("Still there?", max_new_tokens=1).images[0].index == 0
+
+
+def test_wrong_store_type_raises_store_mismatch(tiny):
+    """Passing an EncoderStore as the KV store (or the reverse) raises StoreMismatchError."""
+    with pytest.raises(mmkv.StoreMismatchError, match="ImageKVStore"):
+        mmkv.Session(tiny, store=EncoderStore())
+    with pytest.raises(mmkv.StoreMismatchError, match="EncoderStore"):
+        mmkv.Session(tiny, encoder_store=ImageKVStore())
+
+
+def test_a_stored_segment_of_another_shape_is_refused(tiny, monkeypatch):
+    """A store that hands back KV of another model's shape raises StoreMismatchError, not a silent splice."""
+    store, (image, _, _) = ImageKVStore(), _images(tiny)
+    warm = mmkv.Session(tiny, store=store)
+    warm.add_image(image)
+    warm.next_token_logits("?")
+    segment, tier = store.lookup(warm.images[0].digest, tiny)
+    wrong = replace(segment, keys=segment.keys[:1], values=segment.values[:1])
+    monkeypatch.setattr(store, "lookup", lambda digest, handle: (wrong, tier))
+    session = mmkv.Session(tiny, store=store)
+    session.add_image(image)
+    with pytest.raises(mmkv.StoreMismatchError, match="layers"):
+        session.next_token_logits("?")
+    monkeypatch.undo()
+    assert session.next_token_logits("?").shape == (len(tiny.tokenizer),)
+
+
+def test_invalid_config_raises():
+    """Unknown reuse policies, negative seams and empty windows raise ValueError."""
+    for kwargs in ({"reuse": "all"}, {"seam": -1}, {"window": 0}):
+        with pytest.raises(ValueError):
+            mmkv.SessionConfig(**kwargs)
