@@ -1,115 +1,84 @@
-"""A small agent trajectory that re-reads one screenshot: cache its KV once, splice it later, compare.
+"""An agent trajectory over screenshots, run twice in lockstep: reusing cached images (``kv``) and not (``none``).
 
-Turn 1 prefills ``[preamble, screenshot, question]``. In turn 2 the same screenshot comes back after a longer
-history. We splice its cached KV there three ways and compare each with full recompute of turn 2:
-
-- ``moved, same context``: the screenshot cached after the same preamble, re-rotated to the new start
-  (exact: K/V max abs ~1e-6);
-- ``spliced, re-rotated``: the turn-1 KV re-rotated into the turn-2 context (position-independent reuse,
-  an approximation: the image KV attended to a different prefix);
-- ``spliced, not rotated``: the same KV left at its old positions (the control).
+Each turn the agent sees a new screenshot (the last ``--window`` stay in the prompt; screenshots also come back
+later, as they do when an agent revisits a page) and answers a question. Per turn it prints where each image's
+KV came from, the time to first token of both sessions, and whether their first answer tokens agree.
 
 Run::
 
-    python examples/trajectory.py                        # tiny-qwen3-vl, random weights, CPU
-    python examples/trajectory.py --model tiny-qwen2.5-vl
-    python examples/trajectory.py --model qwen3-vl-8b    # with the weights available locally
+    python examples/trajectory.py                            # tiny-qwen3-vl, random weights, CPU
+    python examples/trajectory.py --model tiny-qwen2.5-vl --turns 8 --window 3
+    python examples/trajectory.py --store /tmp/mmkv-store    # persistent store: a second run hits on disk
+    python examples/trajectory.py --model qwen3-vl-8b        # with the weights available locally
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from PIL import Image
 
 import mmkv
-from mmkv.kv import image_span, prefill_span, segments_to_cache, text_span
+from mmkv.cache import EncoderStore, ImageKVStore
+from mmkv.synthetic import synthetic_screenshot
+
+PAGES = 4  # distinct screens the agent moves between
 
 
-def screenshot(seed: int = 0, size: tuple[int, int] = (224, 160)) -> Image.Image:
-    """A synthetic 'screenshot': a few coloured boxes on a light background."""
-    rng = np.random.default_rng(seed)
-    pixels = np.full((size[1], size[0], 3), 235, dtype=np.uint8)
-    for _ in range(6):
-        x, y = rng.integers(0, size[0] - 40), rng.integers(0, size[1] - 30)
-        pixels[y : y + 30, x : x + 40] = rng.integers(0, 255, 3)
-    return Image.fromarray(pixels, "RGB")
-
-
-def encode(handle: mmkv.ModelHandle, text: str) -> torch.Tensor:
-    return torch.tensor(handle.processor.encode_text(text), dtype=torch.long)
-
-
-def run(model: str = "tiny-qwen3-vl", device: str | None = None) -> dict[str, dict[str, float]]:
-    """Run the trajectory; returns, per way of reuse, the max abs logit error, logit cosine and time."""
+def run(
+    model: str = "tiny-qwen3-vl",
+    turns: int = 6,
+    window: int | None = 3,
+    store_dir: str | None = None,
+    device: str | None = None,
+) -> list[dict]:
+    """Run the trajectory; returns one row per turn (TTFTs, agreement, image sources)."""
     handle = mmkv.load(model, device=device)
-    images = handle.processor.preprocess_images([screenshot()])
-    grid = images.image_grid_thw[0]
-    preamble = encode(handle, "<|im_start|>user\n")
-    history = encode(
-        handle,
-        "<|im_start|>user\nOpen the settings page.<|im_end|>\n<|im_start|>assistant\n"
-        "click(settings)<|im_end|>\n<|im_start|>user\nHere is the screen again:\n",
-    )
-    question = encode(handle, "Which button is highlighted?<|im_end|>\n<|im_start|>assistant\n")
-
-    # Turn 1: the screenshot right after the preamble; its segment goes to the cache.
-    turn1 = prefill_span(handle, *text_span(preamble, 0))
-    ids, pos = image_span(handle, grid, turn1.segment.end)
-    cached = prefill_span(handle, ids, pos, context=turn1.cache, images=images).segment
-
-    # Turn 2, full recompute: history, screenshot, question, all prefilled (the reference).
-    def full_turn2() -> tuple[torch.Tensor, float]:
-        started = time.perf_counter()
-        hist = prefill_span(handle, *text_span(history, 0))
-        ids, pos = image_span(handle, grid, hist.segment.end)
-        img = prefill_span(handle, ids, pos, context=hist.cache, images=images)
-        out = prefill_span(handle, *text_span(question, img.segment.end), context=img.cache)
-        return out.logits, time.perf_counter() - started
-
-    reference, full_seconds = full_turn2()
-    hist = prefill_span(handle, *text_span(history, 0))
-    image_start = hist.segment.end
-
-    def splice(segment: mmkv.KVSegment) -> tuple[torch.Tensor, float]:
-        started = time.perf_counter()
-        cache = segments_to_cache([hist.segment, segment], handle.text_config)
-        end = image_start + segment.num_slots
-        out = prefill_span(handle, *text_span(question, end), context=cache)
-        return out.logits, time.perf_counter() - started
-
-    # The same screenshot cached after the same preamble at another offset: exact when moved.
-    offset = image_start - len(preamble)
-    same_ctx = prefill_span(handle, *text_span(preamble, offset))
-    ids, pos = image_span(handle, grid, image_start)
-    direct = prefill_span(handle, ids, pos, context=same_ctx.cache, images=images).segment
-    moved = cached.moved_to(image_start)
-    rows: dict[str, dict[str, float]] = {
-        "moved, same context (K max abs)": {
-            "max_abs": (moved.keys - direct.keys).abs().max().item(),
-            "cosine": float("nan"),
-            "seconds": float("nan"),
-        }
+    store = ImageKVStore(path=store_dir)
+    encoder_store = EncoderStore(path=None if store_dir is None else f"{store_dir}/encoder")
+    sessions = {
+        "kv": mmkv.Session(handle, store=store, encoder_store=encoder_store, reuse="kv", window=window),
+        "none": mmkv.Session(handle, reuse="none", window=window),
     }
-    for label, segment in (("spliced, re-rotated", moved), ("spliced, not rotated", cached)):
-        logits, seconds = splice(segment)
-        rows[label] = {
-            "max_abs": (logits - reference).abs().max().item(),
-            "cosine": F.cosine_similarity(logits, reference, dim=0).item(),
-            "seconds": seconds,
-        }
-    rows["full recompute"] = {"max_abs": 0.0, "cosine": 1.0, "seconds": full_seconds}
+    for session in sessions.values():
+        session.add_text("You operate a desktop app. Answer with one tool call.", role="system")
+    print(f"model {handle.name} ({handle.family.name}, {handle.layout.kind} M-RoPE), window {window}")
     print(
-        f"model {handle.name} ({handle.family.name}, {handle.layout.kind} M-RoPE), image grid {grid.tolist()}, "
-        f"{cached.length} image tokens, moved by {image_start - cached.start} positions"
+        f"{'turn':>4s} {'images (source)':42s} {'kv ms':>8s} {'none ms':>8s} {'speedup':>8s} {'same 1st tok':>12s}"
     )
-    print(f"{'reuse':34s} {'max abs':>10s} {'cosine':>8s} {'ms':>8s}")
-    for label, row in rows.items():
-        print(f"{label:34s} {row['max_abs']:10.2e} {row['cosine']:8.4f} {1e3 * row['seconds']:8.1f}")
+    rows = []
+    for turn in range(turns):
+        shot = synthetic_screenshot(turn % PAGES, (448, 336))
+        answers = {}
+        for name, session in sessions.items():
+            session.add_text(f"Step {turn}:")
+            session.add_image(shot)
+            answers[name] = session.ask("What is the next action?", max_new_tokens=8)
+        kv, none = answers["kv"], answers["none"]
+        sources = " ".join(f"{r.index}:{r.source}" for r in kv.images)
+        same = kv.token_ids[:1] == none.token_ids[:1]
+        print(
+            f"{turn:4d} {sources:42s} {1e3 * kv.ttft_s:8.1f} {1e3 * none.ttft_s:8.1f} "
+            f"{none.ttft_s / kv.ttft_s:8.2f} {str(same):>12s}"
+        )
+        rows.append(
+            {
+                "turn": turn,
+                "kv_ttft": kv.ttft_s,
+                "none_ttft": none.ttft_s,
+                "same_first_token": same,
+                "sources": [r.source for r in kv.images],
+            }
+        )
+    stats = store.stats()
+    print(
+        f"KV store: memory hits {stats.memory.hits}, misses {stats.memory.misses}, "
+        f"{stats.memory.bytes / 2**20:.1f} MiB" + (f"; disk hits {stats.disk.hits}" if stats.disk else "")
+    )
+    agree = sum(r["same_first_token"] for r in rows) / len(rows)
+    print(
+        f"first-token agreement kv vs none: {agree:.2f} (random-weight tiny models: a smoke check, not an eval)"
+    )
     return rows
 
 
@@ -118,6 +87,12 @@ if __name__ == "__main__":
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="tiny-qwen3-vl", help="alias, hub id or checkpoint directory")
+    parser.add_argument("--turns", type=int, default=6)
+    parser.add_argument("--window", type=int, default=3, help="screenshots kept in the prompt (0: all)")
+    parser.add_argument(
+        "--store", default=None, help="directory of a persistent store (default: memory only)"
+    )
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     args = parser.parse_args()
-    run(args.model, args.device)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    run(args.model, args.turns, args.window or None, args.store, args.device)

@@ -388,11 +388,8 @@ class Session:
             segment, tier = self.store.lookup(image.digest, self.model)
             if segment is not None:
                 self._check_fits(segment, piece_ids)
-                logits = self._flush(pending, logits, turn)
-                seam_logits = self._splice_image(segment, image, piece_pos, turn)
-                logits = seam_logits if seam_logits is not None else logits
                 turn.images.append(ImageReuse(index, image.digest, tier))
-                return logits
+                return self._splice_image(segment, image, piece_pos, pending, logits, turn)
         features, source = self._features(image)
         turn.images.append(ImageReuse(index, image.digest, source))
         pending.add(piece_ids, piece_pos, "image", features, image, store=reuse == "kv")
@@ -426,11 +423,11 @@ class Session:
             self.encoder_store.put(image.digest, features, self.model)
         return features, "computed"
 
-    def _splice_image(self, segment: KVSegment, image: _Image, positions: torch.Tensor, turn: PrefillStats):
-        """Splice a cached image segment at ``positions``: recompute its first ``seam`` tokens in context, then
-        append the rest re-rotated. Returns the logits of the last recomputed token (or None)."""
+    def _splice_image(self, segment: KVSegment, image: _Image, positions, pending, logits, turn):
+        """Splice a cached image segment at ``positions``. Its first ``seam`` tokens (``<|vision_start|>``, then
+        pads fed from the cached vision outputs) join the pending run and are recomputed in context in the same
+        forward call as the text before them; the rest is appended re-rotated."""
         seam = min(self.config.seam, segment.length)
-        logits = None
         if seam:
             num_pads = seam - 1  # the first token is <|vision_start|>
             features = []
@@ -439,19 +436,10 @@ class Session:
                 features = [
                     ImageFeatures(full[0].embeds[:num_pads], tuple(d[:num_pads] for d in full[0].deepstack))
                 ]
-            result = prefill_span(
-                self.model,
-                segment.token_ids[:seam],
-                positions[:, :seam],
-                context=self._cache,
-                features=features,
-            )
-            self._record(segment.token_ids[:seam], positions[:, :seam], "image", image.digest)
-            turn.prefilled += seam
-            logits = result.logits
+            pending.add(segment.token_ids[:seam], positions[:, :seam], "image", features, image)
+        logits = self._flush(pending, logits, turn)
         if seam < segment.length:
-            rest = segment.slice(seam)
-            self._splice(rest, positions[:, seam:], "image", image.digest, keep_piece=seam > 0)
+            self._splice(segment.slice(seam), positions[:, seam:], "image", image.digest, keep_piece=seam > 0)
             turn.reused += segment.length - seam
         return logits
 
