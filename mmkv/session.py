@@ -33,7 +33,7 @@ from .compat import crop_cache
 from .errors import StoreMismatchError
 from .images import DEFAULT_MAX_PIXELS, ImageSource, load_image
 from .kv import ImageFeatures, KVSegment, encode_images, new_cache, prefill_span, segment_from_cache
-from .kv.segment import append_to_cache
+from .kv.segment import append_to_cache, reorder_cache
 from .model.handle import ModelHandle
 from .prompt import PromptPiece, layout_positions, split_prompt
 
@@ -106,7 +106,6 @@ class _LivePiece:
     kind: Literal["text", "image"]
     begin: int  # first cache entry
     token_ids: torch.Tensor  # (L,)
-    digest: ImageDigest | None  # images only
 
     @property
     def length(self) -> int:
@@ -332,9 +331,14 @@ class Session:
         return segments
 
     def _fill(self, pieces, order, ids, positions, keep, reusable_text, turn) -> torch.Tensor:
-        """Bring the live cache from ``keep`` tokens to the whole prompt; returns the last token's logits."""
-        pending = _Pending()
-        logits = None
+        """Bring the live cache from ``keep`` tokens to the whole prompt in one forward call; returns the last
+        token's logits.
+
+        Cached segments (images from the store, text cut off the live cache) are appended first, re-rotated to
+        their positions; then every token that must be computed runs in one call whose attention mask lets each
+        token see exactly what precedes it in the prompt. The cache tail is then put back in prompt order.
+        """
+        plan = _Plan()
         begin = 0
         for piece in pieces:
             end = begin + piece.length
@@ -345,43 +349,59 @@ class Session:
                 begin = end
                 continue
             start = max(begin, keep)
-            piece_ids, piece_pos = ids[start:end], positions[:, start:end]
             if piece.kind == "text":
-                logits = self._place_text(piece_ids, piece_pos, reusable_text, pending, logits, turn)
+                self._plan_text(plan, start, ids[start:end], reusable_text, is_last=end == ids.shape[0])
             else:
-                logits = self._place_image(
-                    piece, order[piece.image_index], piece_ids, piece_pos, pending, logits, turn
-                )
+                self._plan_image(plan, start, piece, order[piece.image_index], ids[start:end], turn)
             begin = end
-        logits = self._flush(pending, logits, turn)
-        assert logits is not None and self.live_tokens == ids.shape[0], "the prompt was not fully prefilled"
+        assert plan.computed and plan.computed[-1][0] + plan.computed[-1][1] == ids.shape[0], (
+            "last token not computed"
+        )
+        logits = self._execute(plan, ids, positions, keep)
+        turn.prefilled = sum(length for _, length in plan.computed)
+        turn.reused = int(ids.shape[0]) - turn.prefilled
+        self._live_ids, self._live_positions = ids.clone(), positions.clone()
+        self._live_pieces = []
+        begin = 0
+        for piece in pieces:
+            self._live_pieces.append(_LivePiece(piece.kind, begin, piece.token_ids))
+            begin += piece.length
+        for start, length, image in plan.to_store:
+            segment = segment_from_cache(
+                self._cache,
+                start,
+                ids[start : start + length],
+                positions[:, start : start + length],
+                self.model.layout,
+                "image",
+                image.digest,
+            )
+            self.store.put(image.digest, segment, self.model)
         return logits
 
-    def _place_text(self, ids, positions, candidates: list[KVSegment], pending, logits, turn):
-        """Queue a text run for prefill, splicing first any cut-off live text segment it begins with (kv mode:
-        text after an image that left the window). Consumes the candidates it uses."""
+    def _plan_text(
+        self, plan: _Plan, start: int, ids: torch.Tensor, candidates: list[KVSegment], is_last: bool
+    ):
+        """Plan a text run: splice any cut-off live text segment it begins with (kv: text after an image that
+        left the window; consumes the candidate), compute the rest. The prompt's last token is always computed."""
         while ids.shape[0] and candidates:
+            limit = ids.shape[0] - (1 if is_last else 0)
             match = max(
-                (
-                    c
-                    for c in candidates
-                    if c.length <= ids.shape[0] and torch.equal(c.token_ids, ids[: c.length])
-                ),
+                (c for c in candidates if c.length <= limit and torch.equal(c.token_ids, ids[: c.length])),
                 key=lambda c: c.length,
                 default=None,
             )
             if match is None:
                 break
             candidates.remove(match)
-            logits = self._flush(pending, logits, turn)
-            self._splice(match, positions[:, : match.length], "text", None)
-            turn.reused += match.length
-            ids, positions = ids[match.length :], positions[:, match.length :]
+            plan.splice(start, match)
+            start, ids = start + match.length, ids[match.length :]
         if ids.shape[0]:
-            pending.add(ids, positions, "text")
-        return logits
+            plan.compute(start, int(ids.shape[0]))
 
-    def _place_image(self, piece, index, piece_ids, piece_pos, pending, logits, turn) -> torch.Tensor | None:
+    def _plan_image(self, plan: _Plan, start: int, piece, index: int, piece_ids: torch.Tensor, turn) -> None:
+        """Plan an image: splice its cached KV (kv hit; the first ``seam`` tokens computed in context from the
+        cached vision outputs), or compute it from cached or fresh vision outputs (and store it, kv miss)."""
         image = self.images[index]
         reuse = self.config.reuse
         if reuse == "kv":
@@ -389,31 +409,75 @@ class Session:
             if segment is not None:
                 self._check_fits(segment, piece_ids)
                 turn.images.append(ImageReuse(index, image.digest, tier))
-                return self._splice_image(segment, image, piece_pos, pending, logits, turn)
+                seam = min(self.config.seam, segment.length)
+                if seam:
+                    num_pads = seam - 1  # the first token is <|vision_start|>
+                    if num_pads:
+                        full, _ = self._features(image)
+                        plan.features.append(
+                            ImageFeatures(
+                                full[0].embeds[:num_pads], tuple(d[:num_pads] for d in full[0].deepstack)
+                            )
+                        )
+                    plan.compute(start, seam)
+                if seam < segment.length:
+                    plan.splice(start + seam, segment.slice(seam))
+                return
         features, source = self._features(image)
         turn.images.append(ImageReuse(index, image.digest, source))
-        pending.add(piece_ids, piece_pos, "image", features, image, store=reuse == "kv")
-        return logits
+        plan.features.extend(features)
+        plan.compute(start, int(piece_ids.shape[0]))
+        if reuse == "kv":
+            plan.to_store.append((start, int(piece_ids.shape[0]), image))
+
+    def _execute(self, plan: _Plan, ids: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
+        """Append the planned splices, run the planned tokens in one call, restore prompt order."""
+        order = [torch.arange(keep)]  # prompt index of every cache entry, in cache order
+        for start, segment in plan.splices:
+            target = positions[:, start : start + segment.length]
+            if self.config.rotate:
+                placed = segment.moved_to(int(target[0, 0]), axes=self.config.rotate_axes)
+            else:
+                placed = replace(segment, position_ids=target.clone())
+            append_to_cache(self._cache, placed)
+            order.append(torch.arange(start, start + segment.length))
+        computed = torch.cat([torch.arange(start, start + length) for start, length in plan.computed])  # (Q,)
+        order.append(computed)
+        entries = torch.cat(order)  # (keep + spliced + Q,)
+        mask = None
+        if plan.splices:  # each computed token sees exactly the entries before it in the prompt
+            visible = entries[None, :] <= computed[:, None]  # (Q, K)
+            mask = torch.zeros(visible.shape, dtype=self.model.dtype).masked_fill_(
+                ~visible, torch.finfo(self.model.dtype).min
+            )
+            mask = mask[None, None].to(self.model.device)  # (1, 1, Q, K)
+        result = prefill_span(
+            self.model,
+            ids[computed],
+            positions[:, computed],
+            context=self._cache,
+            features=plan.features,
+            attention_mask=mask,
+        )
+        if plan.splices:
+            reorder_cache(self._cache, keep, torch.argsort(entries[keep:]))
+        return result.logits
 
     def _check_fits(self, segment: KVSegment, token_ids: torch.Tensor) -> None:
         """Raise ``StoreMismatchError`` unless ``segment`` is KV this model could have made for ``token_ids``."""
-        cache_layer = self._cache.layers[0] if self.live_tokens else None
-        expected_layers = self.model.num_layers
-        if segment.num_layers != expected_layers or segment.keys.shape[-1] != self.model.layout.head_dim:
+        config = self.model.text_config
+        expected = (self.model.num_layers, config.num_key_value_heads, self.model.layout.head_dim)
+        found = (segment.num_layers, int(segment.keys.shape[2]), int(segment.keys.shape[-1]))
+        if found != expected:
             raise StoreMismatchError(
-                f"the store returned KV with {segment.num_layers} layers and head_dim {segment.keys.shape[-1]}; "
-                f"this model has {expected_layers} layers and head_dim {self.model.layout.head_dim}. "
+                f"the store returned KV with (layers, kv heads, head_dim) = {found}; this model has {expected}. "
                 "Use a store directory per model, or clear it"
-            )
-        if cache_layer is not None and segment.keys.shape[2] != cache_layer.keys.shape[1]:
-            raise StoreMismatchError(
-                f"the stored KV has {segment.keys.shape[2]} kv heads, the model has "
-                f"{cache_layer.keys.shape[1]}"
             )
         if not torch.equal(segment.token_ids.cpu(), token_ids.cpu()):
             raise StoreMismatchError("the stored KV is for other tokens than this image's span")
 
     def _features(self, image: _Image) -> tuple[list[ImageFeatures], ImageSourceKind]:
+        """The image's vision outputs: from the encoder store (unless reuse is "none"), else computed."""
         if self.config.reuse != "none":
             cached, tier = self.encoder_store.lookup(image.digest, self.model)
             if cached is not None:
@@ -422,67 +486,6 @@ class Session:
         if self.config.reuse != "none":
             self.encoder_store.put(image.digest, features, self.model)
         return features, "computed"
-
-    def _splice_image(self, segment: KVSegment, image: _Image, positions, pending, logits, turn):
-        """Splice a cached image segment at ``positions``. Its first ``seam`` tokens (``<|vision_start|>``, then
-        pads fed from the cached vision outputs) join the pending run and are recomputed in context in the same
-        forward call as the text before them; the rest is appended re-rotated."""
-        seam = min(self.config.seam, segment.length)
-        if seam:
-            num_pads = seam - 1  # the first token is <|vision_start|>
-            features = []
-            if num_pads:
-                full, _ = self._features(image)
-                features = [
-                    ImageFeatures(full[0].embeds[:num_pads], tuple(d[:num_pads] for d in full[0].deepstack))
-                ]
-            pending.add(segment.token_ids[:seam], positions[:, :seam], "image", features, image)
-        logits = self._flush(pending, logits, turn)
-        if seam < segment.length:
-            self._splice(segment.slice(seam), positions[:, seam:], "image", image.digest, keep_piece=seam > 0)
-            turn.reused += segment.length - seam
-        return logits
-
-    def _splice(
-        self, segment: KVSegment, positions: torch.Tensor, kind, digest, keep_piece: bool = False
-    ) -> None:
-        """Append ``segment`` to the live cache at ``positions`` (its first token's start)."""
-        start = int(positions[0, 0])
-        if self.config.rotate:
-            placed = segment.moved_to(start, axes=self.config.rotate_axes)
-        else:
-            placed = replace(segment, position_ids=segment.position_ids + (start - segment.start))
-        append_to_cache(self._cache, placed)
-        self._record(placed.token_ids, positions, kind, digest, extend_last=keep_piece)
-
-    def _flush(self, pending: _Pending, logits, turn: PrefillStats) -> torch.Tensor | None:
-        """Prefill the pending run of tokens in context; store the KV of images computed there (kv mode)."""
-        if not pending.pieces:
-            return logits
-        ids, positions = torch.cat(pending.ids), torch.cat(pending.positions, dim=1)
-        result = prefill_span(self.model, ids, positions, context=self._cache, features=pending.features)
-        turn.prefilled += int(ids.shape[0])
-        for offset, length, kind, image, store in pending.pieces:
-            digest = image.digest if image is not None else None
-            self._record(ids[offset : offset + length], positions[:, offset : offset + length], kind, digest)
-            if store:
-                segment = replace(
-                    result.segment.slice(offset, offset + length, copy=True), kind="image", digest=digest
-                )
-                self.store.put(digest, segment, self.model)
-        pending.clear()
-        return result.logits
-
-    def _record(self, ids, positions, kind, digest, extend_last: bool = False) -> None:
-        """Note tokens just appended to the live cache."""
-        begin = self.live_tokens
-        self._live_ids = torch.cat([self._live_ids, ids])
-        self._live_positions = torch.cat([self._live_positions, positions], dim=1)
-        if extend_last and self._live_pieces:
-            last = self._live_pieces[-1]
-            last.token_ids = torch.cat([last.token_ids, ids])
-        else:
-            self._live_pieces.append(_LivePiece(kind, begin, ids, digest))
 
     def _decode(self, logits: torch.Tensor, max_new_tokens: int) -> list[int]:
         eos = self.model.tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -496,33 +499,33 @@ class Session:
             ids = torch.tensor([token])
             pos = torch.full((3, 1), position, dtype=torch.long)
             logits = prefill_span(self.model, ids, pos, context=self._cache).logits
-            self._record(ids, pos, "text", None, extend_last=True)
+            self._live_ids = torch.cat([self._live_ids, ids])
+            self._live_positions = torch.cat([self._live_positions, pos], dim=1)
+            if self._live_pieces:
+                last = self._live_pieces[-1]
+                last.token_ids = torch.cat([last.token_ids, ids])
             position += 1
         return generated
 
 
-class _Pending:
-    """Pieces waiting to be prefilled together in one forward call."""
+@dataclass
+class _Plan:
+    """How the prompt tokens after the kept prefix get their KV (prompt indices throughout)."""
 
-    def __init__(self) -> None:
-        self.clear()
+    splices: list[tuple[int, KVSegment]] = field(default_factory=list)  # (first index, cached segment)
+    computed: list[tuple[int, int]] = field(default_factory=list)  # (first index, length) runs to compute
+    features: list[ImageFeatures] = field(
+        default_factory=list
+    )  # vision outputs of the computed pads, in order
+    to_store: list[tuple[int, int, _Image]] = field(default_factory=list)  # images to store once computed
 
-    def clear(self) -> None:
-        """Forget every pending piece."""
-        self.ids: list[torch.Tensor] = []  # per piece (L_i,)
-        self.positions: list[torch.Tensor] = []  # per piece (3, L_i)
-        self.features: list[ImageFeatures] = []  # for the image pads, in order
-        self.pieces: list[
-            tuple[int, int, str, _Image | None, bool]
-        ] = []  # (offset, length, kind, image, store)
-        self._length = 0
+    def splice(self, start: int, segment: KVSegment) -> None:
+        """Take ``segment`` for the tokens from ``start``."""
+        self.splices.append((start, segment))
 
-    def add(
-        self, ids, positions, kind, features=(), image: _Image | None = None, store: bool = False
-    ) -> None:
-        """Queue a piece; ``store``: put the image's KV into the store once computed."""
-        self.pieces.append((self._length, int(ids.shape[0]), kind, image, store))
-        self.ids.append(ids)
-        self.positions.append(positions)
-        self.features.extend(features)
-        self._length += int(ids.shape[0])
+    def compute(self, start: int, length: int) -> None:
+        """Compute ``length`` tokens from ``start`` (merged with the previous run when adjacent)."""
+        if self.computed and sum(self.computed[-1]) == start:
+            self.computed[-1] = (self.computed[-1][0], self.computed[-1][1] + length)
+        else:
+            self.computed.append((start, length))

@@ -248,7 +248,7 @@ def test_a_stored_segment_of_another_shape_is_refused(tiny, monkeypatch):
     monkeypatch.setattr(store, "lookup", lambda digest, handle: (wrong, tier))
     session = mmkv.Session(tiny, store=store)
     session.add_image(image)
-    with pytest.raises(mmkv.StoreMismatchError, match="layers"):
+    with pytest.raises(mmkv.StoreMismatchError, match="layers, kv heads"):
         session.next_token_logits("?")
     monkeypatch.undo()
     assert session.next_token_logits("?").shape == (len(tiny.tokenizer),)

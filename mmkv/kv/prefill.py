@@ -52,12 +52,15 @@ def prefill_span(
     features: Sequence[ImageFeatures] | None = None,
     kind: SegmentKind | None = None,
     digest: str = "",
+    attention_mask: torch.Tensor | None = None,
 ) -> PrefillResult:
     """Prefill ``token_ids`` (``(L,)``) at ``position_ids`` (``(3, L)``) after the KV already in ``context``.
 
     Mutates ``context`` (extends it by ``L`` entries); pass ``None`` to start from an empty cache.
     ``images`` (pixels) or ``features`` (cached vision outputs) cover exactly the image pads in ``token_ids``,
     in order.
+    ``attention_mask``: an optional ``(1, 1, L, context + L)`` additive float mask (0 = attend) replacing the
+    causal one, for spans whose context holds entries that come later in the prompt.
     ``kind`` defaults to "image" when the span has image pads. Raises ``ValueError`` on shape mismatches or
     when pads are given no features.
     """
@@ -83,6 +86,8 @@ def prefill_span(
         "use_cache": True,
         "logits_to_keep": 1,
     }
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
     if images is not None:
         kwargs["pixel_values"] = images.pixel_values.to(device, handle.dtype)
         kwargs["image_grid_thw"] = images.image_grid_thw.to(device)

@@ -169,6 +169,19 @@ def append_to_cache(cache: DynamicCache, segment: KVSegment) -> None:
         cache.update(segment.keys[layer_idx], segment.values[layer_idx], layer_idx)
 
 
+def reorder_cache(cache: DynamicCache, begin: int, order: torch.Tensor) -> None:
+    """Permute the entries from ``begin`` on, in every layer: entry ``begin + i`` becomes the old
+    ``begin + order[i]`` (mutates ``cache``; one gather per layer)."""
+    for layer in cache.layers:
+        index = order.to(layer.keys.device)
+        layer.keys = torch.cat(
+            [layer.keys[:, :, :begin], layer.keys[:, :, begin:].index_select(2, index)], dim=2
+        )
+        layer.values = torch.cat(
+            [layer.values[:, :, :begin], layer.values[:, :, begin:].index_select(2, index)], dim=2
+        )
+
+
 def segments_to_cache(segments: Sequence[KVSegment], config=None) -> DynamicCache:
     """A new ``DynamicCache`` holding ``segments`` back to back, in order (one concatenation per layer).
 
