@@ -2,17 +2,19 @@
 
 The session holds the conversation (messages whose image items point into its list of images) and one live
 ``DynamicCache``. Each turn renders the whole conversation with the model's own chat template and processor
-(so the token ids are exactly the processor's), then brings the live cache up to date with the least work:
+(so the token ids are exactly the processor's) and brings the live cache up to date with the least work:
 
 1. the longest prefix whose token ids and positions match the live cache is kept as it is (exact);
-2. every later piece is, in order:
-   - an image: under ``reuse="kv"`` its cached KV (``ImageKVStore``) re-rotated to its new start, with its first
-     ``seam`` tokens recomputed in context; under ``"encoder"`` its cached vision-tower output
-     (``EncoderStore``) prefilled in context (exact); under ``"none"`` the vision tower and prefill run afresh.
-     On a miss the image is computed in context and stored;
-   - a text run: prefilled in context; under ``"kv"``, a run identical to one already in the live cache (the
-     text after an image that left the ``window``) is spliced from there, re-rotated;
-3. the question is prefilled and the answer decoded greedily.
+2. every later piece is planned:
+   - an image: under ``reuse="kv"`` its cached KV (``ImageKVStore``) is spliced, re-rotated to its new start,
+     and its first ``seam`` tokens are recomputed in context; under ``"encoder"`` its cached vision-tower output
+     (``EncoderStore``) is prefilled in context (exact); under ``"none"`` the vision tower and prefill run
+     afresh. On a miss the image is computed in context (and, under ``"kv"``, its KV stored);
+   - a text run is computed; under ``"kv"`` a run identical to one cut off the live cache (the text after an
+     image that left the ``window``) is spliced from there instead, re-rotated;
+3. the plan runs as **one** forward call: spliced segments are appended first, then every token to compute runs
+   together under an attention mask that lets each see exactly what precedes it in the prompt; the cache is
+   then put back in prompt order. The answer is decoded greedily.
 
 Splicing KV computed after another prefix is an approximation (position-independent caching); the eval
 measures it. Re-rotation itself is exact.
