@@ -1,6 +1,6 @@
 """Session time-to-first-token per reuse policy, measured side by side in one run.
 
-Two parts:
+Three parts:
 
 1. **Trajectory**: a computer-use loop of ``--turns`` turns; each adds a new screenshot and a question, with a
    sliding window of ``--window`` screenshots. Per turn: TTFT of ``none``, ``encoder`` and ``kv``, and the store
@@ -9,6 +9,8 @@ Two parts:
 2. **Image sizes**: one screenshot already in the store, asked about after a *different* preamble, for each of
    ``--sizes`` (square, pixels). TTFT of ``none`` / ``encoder`` / ``kv`` and of a text-only turn with the same
    preamble and question (what ``kv`` must come close to), with speedups.
+3. **Fidelity**: one screenshot cached after one preamble and reused after another: logit cosine against full
+   recompute for ``encoder``, ``kv`` (seam 1 and 0), and the temporal-only and no-rotation controls.
 
 Run::
 
@@ -125,7 +127,48 @@ def image_sizes(handle: mmkv.ModelHandle, sizes: list[int], repeats: int) -> lis
     return rows
 
 
-def _print(handle, traj: dict | None, sizes: list[dict]) -> None:
+FIDELITY_ARMS = {
+    "encoder": mmkv.SessionConfig(reuse="encoder"),
+    "kv": mmkv.SessionConfig(reuse="kv", seam=1),
+    "kv, seam 0": mmkv.SessionConfig(reuse="kv", seam=0),
+    "kv, temporal-only rotation": mmkv.SessionConfig(reuse="kv", seam=0, rotate_axes=(0,)),
+    "kv, not rotated": mmkv.SessionConfig(reuse="kv", seam=0, rotate=False),
+}
+
+
+def fidelity(handle: mmkv.ModelHandle, size: int) -> dict[str, dict[str, float]]:
+    """One screenshot cached after a short preamble, reused after a longer, different one: next-token logit
+    cosine and max abs difference of each arm against full recompute (``none``)."""
+    import torch.nn.functional as F
+
+    image = synthetic_screenshot(7, (size, size * 3 // 4))
+    store, encoder_store = ImageKVStore(), EncoderStore()
+    warm = mmkv.Session(handle, store=store, encoder_store=encoder_store)
+    warm.add_image(image)
+    warm.next_token_logits("Describe the screen.")
+    history = (
+        "The user asked to open the settings page, then to switch to the dark theme. Here is the screen:"
+    )
+
+    def logits(config: mmkv.SessionConfig) -> torch.Tensor:
+        session = mmkv.Session(handle, store=store, encoder_store=encoder_store, config=config)
+        session.add_text(history)
+        session.add_image(image)
+        return session.next_token_logits("Which button should be clicked next?").float()
+
+    reference = logits(mmkv.SessionConfig(reuse="none"))
+    out = {}
+    for arm, config in FIDELITY_ARMS.items():
+        got = logits(config)
+        out[arm] = {
+            "cosine": F.cosine_similarity(got, reference, dim=0).item(),
+            "max_abs": (got - reference).abs().max().item(),
+            "same_argmax": bool(got.argmax() == reference.argmax()),
+        }
+    return out
+
+
+def _print(handle, traj: dict | None, sizes: list[dict], fid: dict | None = None) -> None:
     print(
         f"model {handle.name}: {handle.family.name}, {handle.num_layers} LM layers, dtype {handle.dtype}, "
         f"device {handle.device}"
@@ -144,6 +187,11 @@ def _print(handle, traj: dict | None, sizes: list[dict]) -> None:
             f"({mean['none'] / mean['kv']:.2f}x)"
         )
         print("store hit rate: " + ", ".join(f"{p} {r:.2f}" for p, r in traj["hit_rate"].items()))
+    if fid:
+        print("\nfidelity: image cached after one preamble, reused after another; logits vs full recompute")
+        print(f"{'arm':28s} {'cosine':>9s} {'max abs':>9s} {'same top-1':>10s}")
+        for arm, row in fid.items():
+            print(f"{arm:28s} {row['cosine']:9.5f} {row['max_abs']:9.2e} {str(row['same_argmax']):>10s}")
     if sizes:
         print("\nimage sizes: one cached screenshot after a different preamble (ms)")
         print(
@@ -193,7 +241,10 @@ if __name__ == "__main__":
     warm_up(handle)
     traj = trajectory(handle, args.turns, args.window, args.shot_size) if args.turns else None
     sizes = image_sizes(handle, args.sizes, args.repeats) if args.sizes else []
-    _print(handle, traj, sizes)
+    fid = fidelity(handle, args.shot_size)
+    _print(handle, traj, sizes, fid)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": handle.name, "trajectory": traj, "sizes": sizes}, f, indent=1)
+            json.dump(
+                {"model": handle.name, "trajectory": traj, "sizes": sizes, "fidelity": fid}, f, indent=1
+            )

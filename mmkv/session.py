@@ -177,6 +177,19 @@ class Session:
         self._append_item("user", {"type": "image", "image_index": len(self.images) - 1})
         return record.digest
 
+    def fork(self, **settings) -> Session:
+        """A new session over the same model and stores with a copy of this conversation and an empty live
+        cache; ``settings`` override this session's ``SessionConfig`` fields (e.g. ``reuse="none"``)."""
+        other = Session(
+            self.model,
+            store=self.store,
+            encoder_store=self.encoder_store,
+            config=replace(self.config, **settings),
+        )
+        other.messages = [dict(m, content=[dict(item) for item in m["content"]]) for m in self.messages]
+        other.images = list(self.images)
+        return other
+
     def clear(self) -> None:
         """Forget the conversation and the live cache (the stores keep their entries)."""
         self.messages.clear()

@@ -259,3 +259,18 @@ def test_invalid_config_raises():
     for kwargs in ({"reuse": "all"}, {"seam": -1}, {"window": 0}):
         with pytest.raises(ValueError):
             mmkv.SessionConfig(**kwargs)
+
+
+def test_fork_copies_the_conversation_not_the_cache(tiny):
+    """fork(reuse="none") renders the same prompt, starts with an empty live cache, and gives the same logits
+    as the original; later turns of one do not change the other."""
+    session = mmkv.Session(tiny, reuse="encoder")
+    image, _, _ = _images(tiny)
+    session.add_image(image)
+    logits = session.next_token_logits("What is it?")
+    cold = session.fork(reuse="none")
+    assert cold.config.reuse == "none" and cold.live_tokens == 0
+    assert torch.equal(cold.render("What is it?")[0], session.render("What is it?")[0])
+    assert _max_abs(cold.next_token_logits("What is it?"), logits) <= 1e-5
+    cold.add_text("more")
+    assert len(cold.messages[-1]["content"]) == len(session.messages[-1]["content"]) + 1
