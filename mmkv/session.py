@@ -123,6 +123,7 @@ class PrefillStats:
     prefilled: int = 0  # tokens run through the language model
     reused: int = 0  # tokens whose KV came from the live cache or a store
     images: list[ImageReuse] = field(default_factory=list)  # where each image of the prompt came from
+    seconds: float = 0.0  # from rendering to the first token's logits on the host; store writes excluded
 
 
 class Session:
@@ -206,6 +207,7 @@ class Session:
         try:
             logits, turn = self._prefill_conversation(question)
             ttft = time.perf_counter() - started
+            self._commit_stores()
             generated = self._decode(logits, max_new_tokens)
         except BaseException:
             self._reset_live()
@@ -230,6 +232,7 @@ class Session:
         (the live cache may hold the question afterwards; the next turn reuses what still matches)."""
         try:
             logits, _ = self._prefill_conversation(question)
+            self._commit_stores()
         except BaseException:
             self._reset_live()
             raise
@@ -276,6 +279,8 @@ class Session:
 
     # --------------------------------------------------------------------------------------- live cache
     def _reset_live(self) -> None:
+        self._pending_puts: list = []  # store writes of the turn in progress (see _commit_stores)
+        self._turn_features: dict[str, list[ImageFeatures]] = {}  # vision outputs computed this turn
         self._cache = new_cache(self.model)
         self._live_ids = torch.zeros(0, dtype=torch.long)  # (N,) ids in the cache
         self._live_positions = torch.zeros(3, 0, dtype=torch.long)  # (3, N)
@@ -295,6 +300,7 @@ class Session:
         return int(self._live_ids.shape[0])
 
     def _prefill_conversation(self, question: str | None) -> tuple[torch.Tensor, PrefillStats]:
+        started = time.perf_counter()
         ids, order = self.render(question)
         grids = torch.tensor([self.images[i].grid for i in order], dtype=torch.long).reshape(-1, 3)
         pieces = split_prompt(self.model, ids, grids)
@@ -302,7 +308,10 @@ class Session:
         keep = self._matching_prefix(ids, positions, pieces)
         turn = PrefillStats(prompt_tokens=int(ids.shape[0]), reused=keep)
         reusable_text = self._truncate_live(keep)
-        logits = self._fill(pieces, order, ids, positions, keep, reusable_text, turn)
+        logits = self._fill(
+            pieces, order, ids, positions, keep, reusable_text, turn
+        ).cpu()  # waits for the device
+        turn.seconds = time.perf_counter() - started
         self.last_prefill = turn
         return logits, turn
 
@@ -382,17 +391,30 @@ class Session:
             self._live_pieces.append(_LivePiece(piece.kind, begin, piece.token_ids))
             begin += piece.length
         for start, length, image in plan.to_store:
-            segment = segment_from_cache(
-                self._cache,
-                start,
-                ids[start : start + length],
-                positions[:, start : start + length],
-                self.model.layout,
-                "image",
-                image.digest,
+            self._pending_puts.append(
+                lambda start=start, length=length, image=image: self.store.put(
+                    image.digest,
+                    segment_from_cache(
+                        self._cache,
+                        start,
+                        ids[start : start + length],
+                        positions[:, start : start + length],
+                        self.model.layout,
+                        "image",
+                        image.digest,
+                    ),
+                    self.model,
+                )
             )
-            self.store.put(image.digest, segment, self.model)
         return logits
+
+    def _commit_stores(self) -> None:
+        """Write what this turn computed into the stores. Runs after the first token is known, so store
+        writes (disk ones included) are not part of the time to first token."""
+        puts, self._pending_puts = self._pending_puts, []
+        self._turn_features = {}
+        for put in puts:
+            put()
 
     def _plan_text(
         self, plan: _Plan, start: int, ids: torch.Tensor, candidates: list[KVSegment], is_last: bool
@@ -494,12 +516,15 @@ class Session:
     def _features(self, image: _Image) -> tuple[list[ImageFeatures], ImageSourceKind]:
         """The image's vision outputs: from the encoder store (unless reuse is "none"), else computed."""
         if self.config.reuse != "none":
+            if image.digest in self._turn_features:  # computed earlier this turn, not yet stored
+                return self._turn_features[image.digest], "computed"
             cached, tier = self.encoder_store.lookup(image.digest, self.model)
             if cached is not None:
                 return cached, tier
         features = encode_images(self.model, self.model.processor.preprocess_images([image.pixels]))
         if self.config.reuse != "none":
-            self.encoder_store.put(image.digest, features, self.model)
+            self._turn_features[image.digest] = features
+            self._pending_puts.append(lambda: self.encoder_store.put(image.digest, features, self.model))
         return features, "computed"
 
     def _decode(self, logits: torch.Tensor, max_new_tokens: int) -> list[int]:

@@ -1,0 +1,379 @@
+"""The demo's glue, testable without a browser: one model and store pair shared by every browser session
+(``Engine``), one chat per browser session (``ChatState``: its ``mmkv.Session`` and the record of each turn), and
+what the page shows (``format_turn``, ``format_turn_log``, ``format_stats``, ``ttft_figure``).
+
+All KV work happens in ``mmkv``: a turn validates the attached images, adds them and asks its ``Session``; when
+asked to compare, it first times the same turn on a ``reuse="none"`` fork of the conversation (a cold full
+recompute: empty live cache, no store). Example::
+
+    from app.engine import Engine, TurnSettings, format_stats, format_turn
+
+    engine = Engine("tiny-qwen3-vl")                 # the model loads on first use
+    chat = engine.new_chat()
+    record = chat.turn("What is on the screen?", ["app/examples/screen_1.png"], TurnSettings(compare=True))
+    print(format_turn(record))    # turn 1 [kv]: image 1 computed · TTFT 98.1 ms (kv) vs 301.4 ms (none, cold) ...
+    record = chat.turn("And now?", ["app/examples/screen_1.png"], TurnSettings())
+    print(format_turn(record))    # turn 2 [kv]: image 1 kept (live prefix), image 2 cache hit (memory) · ...
+    print(format_stats(engine))   # a Markdown table of both stores' counters
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from PIL import Image
+
+import mmkv
+from mmkv import Answer, MmkvError, ModelHandle, Session, SessionConfig
+from mmkv.cache import EncoderStore, ImageKVStore, TierStats
+from mmkv.images import DEFAULT_MAX_PIXELS, load_image
+from mmkv.model.registry import SHIPPED_DIR
+from mmkv.session import ReusePolicy
+
+__all__ = [
+    "COLD_LABEL",
+    "POLICIES",
+    "ChatState",
+    "EmptyMessageError",
+    "Engine",
+    "TurnRecord",
+    "TurnSettings",
+    "default_model",
+    "display_text",
+    "format_stats",
+    "format_turn",
+    "format_turn_log",
+    "load_upload",
+    "ttft_figure",
+]
+
+POLICIES: tuple[ReusePolicy, ...] = ("kv", "encoder", "none")
+COLD_LABEL = "none (cold recompute)"  # the plot's line for the "without reuse" measurements
+
+
+def default_model() -> str:
+    """``"small-qwen3-vl"`` when its trained checkpoint is in the repository, else ``"tiny-qwen3-vl"``."""
+    return "small-qwen3-vl" if (SHIPPED_DIR / "small-qwen3-vl").exists() else "tiny-qwen3-vl"
+
+
+class EmptyMessageError(ValueError):
+    """A message without a question (attached images alone do not make a turn)."""
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """The page's controls, as one turn uses them. Validated on construction."""
+
+    reuse: ReusePolicy = "kv"  # the session's reuse policy: "kv", "encoder" or "none"
+    seam: int = 1  # kv: leading tokens of a spliced image recomputed in context
+    window: int = 0  # keep the last N images in the prompt; 0 keeps all
+    compare: bool = False  # also time the turn as a cold full recompute (reuse "none", empty live cache)
+    max_new_tokens: int = 32  # answer length bound
+
+    def __post_init__(self) -> None:
+        if self.reuse not in POLICIES:
+            raise ValueError(f"reuse must be one of {POLICIES}, got {self.reuse!r}")
+        if self.seam < 0 or self.window < 0 or self.max_new_tokens < 1:
+            raise ValueError(f"need seam >= 0, window >= 0, max_new_tokens >= 1; got {self}")
+
+    @property
+    def session_window(self) -> int | None:
+        """The window as ``SessionConfig`` takes it (``None``: all images)."""
+        return self.window or None
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    """One answered turn of a chat."""
+
+    number: int  # 1-based turn number since the chat was last cleared
+    reuse: ReusePolicy  # the policy the turn was answered with
+    answer: Answer  # what Session.ask returned (text, TTFT, token counts, where each image came from)
+    cold_ttft_s: float | None  # TTFT of the same turn as a cold full recompute; None when not measured
+    num_attached: int  # images attached to this turn's message
+    num_images: int  # images in the conversation after the turn (the prompt holds the last `window` of them)
+
+    @property
+    def ttft_ms(self) -> float:
+        """TTFT with the turn's reuse policy, in milliseconds."""
+        return self.answer.ttft_s * 1e3
+
+    @property
+    def cold_ttft_ms(self) -> float | None:
+        """TTFT of the cold full recompute in milliseconds, if measured."""
+        return None if self.cold_ttft_s is None else self.cold_ttft_s * 1e3
+
+
+class Engine:
+    """The model and the store pair every browser session shares; the model loads on first use (or ``load``).
+
+    ``store_dir`` makes both stores persistent: image KV in ``store_dir``, vision outputs in
+    ``store_dir/encoder``. ``lock`` serialises all model and store work (sessions and stores are not
+    thread-safe; Gradio runs handlers in threads). Deep copies return the engine itself, so the ``ChatState``
+    that ``gr.State`` deep-copies per browser session still shares it.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        store_dir: str | Path | None = None,
+        *,
+        max_image_pixels: int = DEFAULT_MAX_PIXELS,
+        device: str | None = None,
+    ) -> None:
+        self.model_name = model or default_model()  # what mmkv.load is given
+        self.store_dir = None if store_dir is None else Path(store_dir).expanduser()
+        self.max_image_pixels = max_image_pixels  # uploads over this many pixels are refused
+        self.device = device  # None: mmkv.load's default
+        self.kv_store = ImageKVStore(path=self.store_dir)
+        self.encoder_store = EncoderStore(path=None if self.store_dir is None else self.store_dir / "encoder")
+        self.lock = threading.RLock()
+        self._handle: ModelHandle | None = None
+
+    def __deepcopy__(self, memo: dict) -> Engine:
+        return self
+
+    def load(self) -> ModelHandle:
+        """The model, loaded on the first call (later calls return it). Raises ``mmkv.ModelNotFoundError`` for a
+        missing checkpoint."""
+        with self.lock:
+            if self._handle is None:
+                self._handle = mmkv.load(self.model_name, device=self.device)
+            return self._handle
+
+    @property
+    def is_loaded(self) -> bool:
+        """Whether the model has been loaded."""
+        return self._handle is not None
+
+    def new_chat(self) -> ChatState:
+        """A new, empty chat on this engine (the per-browser-session state)."""
+        return ChatState(self)
+
+    def clear_store(self) -> None:
+        """Empty both stores, memory and disk (counters are kept). Live caches of open chats are untouched."""
+        with self.lock:
+            self.kv_store.clear()
+            self.encoder_store.clear()
+
+    def describe(self) -> str:
+        """One Markdown line: the model and where the stores live."""
+        store = (
+            f"`{self.store_dir}` (persistent)"
+            if self.store_dir
+            else "in memory (start with `--store DIR` to persist)"
+        )
+        line = f"Model **{self.model_name}** · store {store}"
+        if self.model_name.startswith("tiny-"):
+            line += " · random weights: the answers are noise, the timings and cache hits are real"
+        return line
+
+
+def load_upload(path: str | Path, max_pixels: int) -> Image.Image:
+    """The RGB image in the uploaded file ``path``; raises the ``mmkv`` image error with the file's name in front."""
+    try:
+        return load_image(Path(path), max_pixels=max_pixels)
+    except MmkvError as exc:
+        raise type(exc)(f"{Path(path).name}: {exc}") from exc
+
+
+class ChatState:
+    """One browser session's chat: its ``mmkv.Session`` (made on the first turn) and a record of every turn."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.session: Session | None = None
+        self.turns: list[TurnRecord] = []
+
+    def check(self, text: str, files: Sequence[str | Path]) -> tuple[str, list[Image.Image]]:
+        """The question (stripped) and the decoded images of a message, or the error it would raise: an
+        ``EmptyMessageError`` for a blank question, the ``mmkv.MmkvError`` of the first bad image. Changes
+        nothing."""
+        question = text.strip()
+        if not question:
+            raise EmptyMessageError(
+                "the message is empty: type a question (attached images are sent along with it)"
+            )
+        max_pixels = (
+            self.engine.max_image_pixels if self.session is None else self.session.config.max_image_pixels
+        )
+        return question, [load_upload(path, max_pixels) for path in files]
+
+    def turn(self, text: str, files: Sequence[str | Path], settings: TurnSettings) -> TurnRecord:
+        """Attach ``files`` (image paths) and ask ``text``; returns the turn's record (also kept in ``turns``).
+
+        Every file is validated (``check``) before any is added, so it raises what ``check`` raises; on any
+        error the conversation is left as it was and the chat stays usable.
+        """
+        question, images = self.check(text, files)
+        with self.engine.lock:
+            session = self._session(settings)
+            before = session.fork()  # the conversation as it was, put back if anything below fails
+            try:
+                for image in images:
+                    session.add_image(image)
+                cold = _cold_ttft(session, question) if settings.compare else None
+                answer = session.ask(question, max_new_tokens=settings.max_new_tokens)
+            except BaseException:
+                self.session = before
+                raise
+            record = TurnRecord(
+                len(self.turns) + 1, settings.reuse, answer, cold, len(images), len(session.images)
+            )
+        self.turns.append(record)
+        return record
+
+    def clear(self) -> None:
+        """Forget the conversation, the live cache and the turn records (the shared stores keep their entries)."""
+        with self.engine.lock:
+            if self.session is not None:
+                self.session.clear()
+        self.turns.clear()
+
+    def _session(self, settings: TurnSettings) -> Session:
+        """The chat's session under ``settings``: made on first use, forked when a setting changed."""
+        wanted = {"reuse": settings.reuse, "seam": settings.seam, "window": settings.session_window}
+        if self.session is None:
+            engine = self.engine
+            config = SessionConfig(**wanted, max_image_pixels=engine.max_image_pixels)
+            self.session = Session(
+                engine.load(), store=engine.kv_store, encoder_store=engine.encoder_store, config=config
+            )
+        elif any(getattr(self.session.config, name) != value for name, value in wanted.items()):
+            self.session = self.session.fork(**wanted)
+        return self.session
+
+
+def _cold_ttft(session: Session, question: str) -> float:
+    """Seconds to the first-token logits of ``question`` on a ``reuse="none"`` fork (cold: no live cache, no
+    store). ``session`` is unchanged."""
+    cold = session.fork(reuse="none")
+    started = time.perf_counter()
+    cold.next_token_logits(question)
+    return time.perf_counter() - started
+
+
+# ------------------------------------------------------------------------------------------------ display
+def display_text(text: str) -> str:
+    """``text`` with control characters (random-weight models emit them) shown as U+FFFD; ``(empty answer)``
+    when nothing is left."""
+    shown = "".join(
+        "\ufffd" if unicodedata.category(ch) in ("Cc", "Cs") and ch not in "\n\t" else ch for ch in text
+    )
+    return shown.strip() or "(empty answer)"
+
+
+def _image_phrase(index: int, source: str, reuse: ReusePolicy) -> str:
+    if source == "live":
+        return f"image {index + 1} kept (live prefix)"
+    if source in ("memory", "disk"):
+        what = ", vision outputs" if reuse == "encoder" else ""
+        return f"image {index + 1} cache hit ({source}{what})"
+    return f"image {index + 1} computed"
+
+
+def format_turn(record: TurnRecord) -> str:
+    """One line: where each image of the prompt came from (images numbered from 1), the TTFT with reuse and,
+    when measured, without; e.g. ``turn 3 [kv]: image 1 kept (live prefix), image 2 cache hit (memory) ·
+    TTFT 12.3 ms (kv) vs 45.6 ms (none, cold) = 3.7x · 162 of 232 prompt tokens reused``."""
+    answer = record.answer
+    images = [_image_phrase(r.index, r.source, record.reuse) for r in answer.images]
+    hidden = record.num_images - len(answer.images)
+    if hidden:
+        images.append(f"{hidden} earlier image{'s' if hidden > 1 else ''} outside the window")
+    ttft = f"TTFT {record.ttft_ms:.1f} ms ({record.reuse})"
+    if record.cold_ttft_ms is not None:
+        ttft += f" vs {record.cold_ttft_ms:.1f} ms (none, cold) = {record.cold_ttft_ms / record.ttft_ms:.1f}x"
+    tokens = f"{answer.reused_tokens} of {answer.prompt_tokens} prompt tokens reused"
+    return f"turn {record.number} [{record.reuse}]: {', '.join(images) or 'no images'} · {ttft} · {tokens}"
+
+
+def format_turn_log(turns: Sequence[TurnRecord]) -> str:
+    """Markdown: the latest turn's line in bold, then the earlier turns, newest first."""
+    if not turns:
+        return (
+            "*No turns yet: attach a screenshot and ask about it, or click the example steps below in order.*"
+        )
+    latest, *earlier = [format_turn(record) for record in reversed(turns)]
+    return "\n".join([f"**{latest}**", "", *(f"- {line}" for line in earlier)])
+
+
+def _human_bytes(num: int) -> str:
+    """``num`` bytes in decimal units: ``0 B``, ``43.0 kB``, ``1.2 MB``, ``3.4 GB``."""
+    if num < 1000:
+        return f"{num} B"
+    value, unit = num / 1000, "kB"
+    for larger in ("MB", "GB"):
+        if value < 1000:
+            break
+        value, unit = value / 1000, larger
+    return f"{value:.1f} {unit}"
+
+
+STATS_ROWS = ("hits", "misses", "entries", "bytes", "evictions", "corrupt", "write errors")
+
+
+def _stats_cells(stats: TierStats) -> tuple[str, ...]:
+    """``stats`` in the order of ``STATS_ROWS``."""
+    counts = (stats.hits, stats.misses, stats.entries, _human_bytes(stats.bytes), stats.evictions)
+    return tuple(str(value) for value in (*counts, stats.corrupt, stats.write_errors))
+
+
+def format_stats(engine: Engine) -> str:
+    """A Markdown table of both stores' counters (shared by all browser sessions): one row per counter in
+    ``STATS_ROWS``, one column per store and tier: ``KV · memory``, ``KV · disk`` (the ``ImageKVStore``),
+    ``encoder · memory``, ``encoder · disk`` (the ``EncoderStore``); disk columns only with a store directory."""
+    with engine.lock:
+        stores = [("KV", engine.kv_store.stats()), ("encoder", engine.encoder_store.stats())]
+    columns = []  # (header, cells)
+    for name, stats in stores:
+        columns.append((f"{name} · memory", _stats_cells(stats.memory)))
+        if stats.disk is not None:
+            columns.append((f"{name} · disk", _stats_cells(stats.disk)))
+    lines = ["| counter | " + " | ".join(header for header, _ in columns) + " |"]
+    lines.append("|---|" + "---:|" * len(columns))
+    for row, counter in enumerate(STATS_ROWS):
+        lines.append(f"| {counter} | " + " | ".join(cells[row] for _, cells in columns) + " |")
+    lines += ["", "KV: the images' language-model KV · encoder: their vision-tower outputs."]
+    if engine.store_dir is None:
+        lines += ["", "No disk tier: start the demo with `--store DIR` to keep entries across restarts."]
+    return "\n".join(lines)
+
+
+def ttft_figure(turns: Sequence[TurnRecord]) -> Figure:
+    """TTFT (ms) per turn: one line per reuse policy the turns were answered with, and one for the cold full
+    recompute where it was measured (``COLD_LABEL``). A figure without lines when there are no turns."""
+    figure = Figure(figsize=(6.0, 3.4), layout="constrained")
+    axes = figure.add_subplot()
+    for policy in POLICIES:
+        points = [(record.number, record.ttft_ms) for record in turns if record.reuse == policy]
+        if points:
+            axes.plot([n for n, _ in points], [ms for _, ms in points], marker="o", label=f"reuse {policy}")
+    cold = [(record.number, record.cold_ttft_ms) for record in turns if record.cold_ttft_ms is not None]
+    if cold:
+        axes.plot(
+            [n for n, _ in cold],
+            [ms for _, ms in cold],
+            marker="s",
+            linestyle="--",
+            color="grey",
+            label=COLD_LABEL,
+        )
+    axes.set_title("Time to first token per turn")
+    axes.set_xlabel("turn")
+    axes.set_ylabel("TTFT (ms)")
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlim(0.5, max((record.number for record in turns), default=1) + 0.5)
+    axes.set_ylim(bottom=0)
+    if axes.lines:
+        axes.legend(loc="best")
+    else:
+        axes.text(0.5, 0.5, "no turns yet", ha="center", va="center", transform=axes.transAxes)
+    return figure

@@ -1,0 +1,1 @@
+"""Evaluation scripts and the synthetic task suite they run on."""

@@ -1,0 +1,87 @@
+"""The synthetic task suite: deterministic, disjoint splits, answers that follow from the pictures."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from evals.tasks import (
+    CATEGORIES,
+    COLOURS,
+    agentic_answer,
+    load_jsonl,
+    make_samples,
+    normalise_answer,
+)
+
+
+@pytest.mark.parametrize("category", CATEGORIES)
+def test_generation_is_deterministic(category):
+    """The same seed gives the same samples, pixels included; another seed gives others."""
+    first, again, other = (make_samples(category, 20, seed=s) for s in (0, 0, 1))
+    assert [s.digest for s in first] == [s.digest for s in again]
+    assert first[0].turns[0].images[0].tobytes() == again[0].turns[0].images[0].tobytes()
+    assert {s.digest for s in first} != {s.digest for s in other}
+
+
+@pytest.mark.parametrize("category", CATEGORIES)
+def test_splits_are_disjoint_across_seeds(category):
+    """No held-out sample equals a training sample, whatever the seeds."""
+    heldout = {s.digest for s in make_samples(category, 100, seed=0, split="heldout")}
+    train = {s.digest for seed in (0, 1) for s in make_samples(category, 300, seed=seed, split="train")}
+    assert len(heldout) == 100 and not heldout & train
+
+
+def test_every_category_has_several_answers_and_images():
+    """Each category mixes answers (no single answer above 60%) and every sample shows at least one image."""
+    for category in CATEGORIES:
+        samples = make_samples(category, 200)
+        answers = [s.answer for s in samples]
+        assert max(answers.count(a) for a in set(answers)) / len(answers) < 0.6
+        assert all(s.num_images >= 1 for s in samples)
+    assert {s.num_images for s in make_samples("trajectory", 200)} == {2, 3, 4, 5, 6}
+
+
+def test_perception_count_matches_the_pixels():
+    """For count questions, the number of coloured blobs in the picture equals the answer."""
+    for sample in make_samples("perception", 60):
+        if not sample.question.startswith("How many"):
+            continue
+        pixels = np.asarray(sample.turns[0].images[0]).reshape(-1, 3)
+        colours_present = sum(bool((pixels == c).all(1).any()) for c in COLOURS.values())
+        assert colours_present <= int(sample.answer) <= 4
+
+
+def test_agentic_answers_follow_the_policy_and_the_badge():
+    """The tool call depends on the role in the system text and on the badge colour in the screenshot."""
+    assert agentic_answer("admin", "alert", False) == "click(approve)"
+    assert agentic_answer("viewer", "alert", True) == "escalate(ticket)"
+    assert agentic_answer("viewer", "ok", True) == "click(submit)"
+    for sample in make_samples("agentic", 40):
+        role = "admin" if "account_role: admin" in sample.system else "viewer"
+        pixels = np.asarray(sample.turns[0].images[0]).reshape(-1, 3)
+        badge = "alert" if (pixels == COLOURS["red"]).all(1).any() else "ok"
+        field_filled = bool((pixels == (40, 40, 40)).all(1).any())
+        assert sample.answer == agentic_answer(role, badge, field_filled)
+
+
+def test_normalise_answer():
+    """First line, lower case, trailing full stop and spaces removed."""
+    assert normalise_answer("  Red.\nbecause") == "red"
+    assert normalise_answer("click(approve)") == "click(approve)"
+    assert normalise_answer("") == ""
+
+
+def test_user_jsonl_loads_and_bad_records_name_their_line(tmp_path):
+    """A JSONL of image paths, questions and answers loads; a record without an answer names its line."""
+    make_samples("perception", 1)[0].turns[0].images[0].save(tmp_path / "a.png")
+    good = tmp_path / "tasks.jsonl"
+    good.write_text(json.dumps({"images": ["a.png"], "question": "Colour?", "answer": "red"}) + "\n")
+    (sample,) = load_jsonl(good)
+    assert sample.category == "custom" and sample.num_images == 1 and sample.answer == "red"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"images": ["a.png"], "question": "Colour?"}) + "\n")
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        load_jsonl(bad)
