@@ -60,6 +60,7 @@ class RotaryLayout:
                 f"mrope_section {list(self.mrope_section)} sums to {sum(self.mrope_section)}, "
                 f"but the rotary embedding has head_dim / 2 = {half} frequencies; fix the config so they match"
             )
+        object.__setattr__(self, "_frequency_axes", frequency_axes(self.kind, self.mrope_section))  # cached
 
     @property
     def head_dim(self) -> int:
@@ -67,8 +68,8 @@ class RotaryLayout:
         return 2 * int(self.inv_freq.numel())
 
     def frequency_axes(self) -> torch.Tensor:
-        """``(D/2,)`` axis of each frequency; see ``frequency_axes``."""
-        return frequency_axes(self.kind, self.mrope_section)
+        """``(D/2,)`` axis of each frequency; see ``frequency_axes`` (computed once per layout)."""
+        return self._frequency_axes
 
     def channel_axes(self) -> torch.Tensor:
         """``(D,)`` axis of each rotary channel (channel ``c`` and ``c + D/2`` share a frequency)."""
