@@ -528,11 +528,20 @@ class Session:
         return features, "computed"
 
     def _decode(self, logits: torch.Tensor, max_new_tokens: int) -> list[int]:
+        """Greedy answer tokens, never a vision token (an answer is text: a generated ``<|image_pad|>`` would
+        have no image behind it)."""
         eos = self.model.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        proc = self.model.processor
+        vision_ids = [proc.image_token_id, proc.vision_start_token_id, proc.vision_end_token_id]
+        video = self.model.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+        if isinstance(video, int) and video >= 0:
+            vision_ids.append(video)
         generated: list[int] = []
         position = int(self._live_positions.max()) + 1 if self.live_tokens else 0
         for _ in range(max_new_tokens):
-            token = int(logits.argmax())
+            token = int(
+                logits.index_fill(0, torch.tensor(vision_ids, device=logits.device), float("-inf")).argmax()
+            )
             generated.append(token)
             if token == eos or len(generated) == max_new_tokens:
                 break

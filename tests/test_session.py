@@ -274,3 +274,28 @@ def test_fork_copies_the_conversation_not_the_cache(tiny):
     assert _max_abs(cold.next_token_logits("What is it?"), logits) <= 1e-5
     cold.add_text("more")
     assert len(cold.messages[-1]["content"]) == len(session.messages[-1]["content"]) + 1
+
+
+class _AddBias(torch.nn.Module):
+    def __init__(self, bias: torch.Tensor) -> None:
+        super().__init__()
+        self.bias = bias
+
+    def forward(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits + self.bias
+
+
+def test_answers_never_contain_vision_tokens_even_when_the_model_favours_them():
+    """With the image-pad logit forced highest, ask still answers (in text) instead of feeding a pad back."""
+    handle = mmkv.load("tiny-qwen3-vl", device="cpu")
+    proc = handle.processor
+    boost = torch.zeros(handle.model.lm_head.out_features)
+    boost[proc.image_token_id] = 100.0  # the pad's logit beats every other
+    handle.model.lm_head = torch.nn.Sequential(handle.model.lm_head, _AddBias(boost))
+    session = mmkv.Session(handle)
+    session.add_image(_images(handle)[0])
+    logits = session.next_token_logits("What is it?")
+    answer = session.ask("What is it?", max_new_tokens=4)
+    vision = {proc.image_token_id, proc.vision_start_token_id, proc.vision_end_token_id}
+    assert answer.token_ids and not vision & set(answer.token_ids)
+    assert int(logits.argmax()) == proc.image_token_id  # the model's own logits do favour the pad

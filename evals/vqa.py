@@ -1,0 +1,554 @@
+"""The VQA eval: every reuse arm against full recompute on the synthetic task suite (or a user's JSONL).
+
+Per sample, each arm answers the sample's question in a fresh session; ``none`` (everything recomputed) is the
+reference the others are scored against. Arms:
+
+- ``none``: ``reuse="none"``, the reference;
+- ``encoder``: cached vision-tower outputs (stores warmed by a pass over the same sample); exact;
+- ``kv``: image KV cached by a pass over the same sample (same context, same positions), then spliced; exact,
+  except that an image shown twice in a sample (a re-appearing ``trajectory`` screen) has one store entry, from
+  its last occurrence, so its earlier occurrences are spliced from another position and context (the ``shift``
+  column shows it);
+- ``kv-shifted``: image KV cached in a *different* context (a long unrelated system message before the images)
+  at positions at least ``MIN_SHIFT`` = 100 away, spliced at the sample's own positions, ``--seam`` tokens
+  recomputed;
+- ``kv-no-seam``: kv-shifted with seam 0; ``kv-temporal-only``: also only the temporal rotary channels
+  re-rotated (ablation); ``kv-no-rotate``: seam 0 and no re-rotation at all (control).
+
+Each arm of each sample warms its own fresh stores, then runs one measured pass in a fresh session:
+``next_token_logits(question)`` gives the first-token logits (cosine against ``none``) and the time to first token
+(``last_prefill.seconds``: rendering to first-token logits on the host, store writes excluded, the span
+``Answer.ttft_s`` covers); ``ask(question)`` on the same session then decodes the answer greedily (its prompt is
+all live by then, so the answer continues exactly those logits). Warm passes are never timed. Scoring
+(``score_sample``) is kept apart from aggregation (``aggregate``: per arm and category, with seeded bootstrap 95%
+intervals).
+
+Example runs::
+
+    python evals/vqa.py --model tiny-qwen3-vl --n 20
+    python evals/vqa.py --model small-qwen3-vl
+    python evals/vqa.py --model qwen3-vl-8b --device cuda --n 100 --categories agentic trajectory
+    python evals/vqa.py --model tiny-qwen2.5-vl --n 5 --arms kv-shifted kv-no-rotate --seam 2
+    python evals/vqa.py --model qwen3-vl-8b --jsonl my_tasks.jsonl --out runs/mine
+
+TTFTs are wall-clock: on a CPU shared with other jobs, ``OMP_NUM_THREADS=1`` keeps them sane for tiny models.
+Writes ``results.json`` (per-sample records and the aggregate), ``results.md`` (the table, also printed) and
+``results.png`` (agreement and speedup per arm) to ``--out`` (default ``runs/vqa-<model>``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mmkv  # noqa: E402
+from evals.tasks import CATEGORIES, Sample, load_jsonl, make_samples, normalise_answer  # noqa: E402
+from mmkv.cache import EncoderStore, ImageKVStore  # noqa: E402
+from mmkv.prompt import layout_positions, split_prompt  # noqa: E402
+
+__all__ = [
+    "ARM_NAMES",
+    "MIN_SHIFT",
+    "Arm",
+    "Estimate",
+    "aggregate",
+    "bootstrap",
+    "build_parser",
+    "build_session",
+    "image_starts",
+    "make_arms",
+    "plot",
+    "run",
+    "score_sample",
+    "to_markdown",
+]
+
+# kv-shifted arms: the least distance (positions) between where an image was cached and where it is placed
+MIN_SHIFT = 100
+ARM_NAMES = ("none", "encoder", "kv", "kv-shifted", "kv-no-seam", "kv-temporal-only", "kv-no-rotate")
+# asked by the shifted-context warm pass (its answer is never decoded)
+WARM_QUESTION = "Describe the pictures."
+FILLER_SENTENCES = (  # the unrelated system message that precedes the images in the shifted-context warm pass
+    "Archive note from the municipal library, unrelated to any task.",
+    "The reading room extended its opening hours for the winter season.",
+    "Volunteers catalogued donated atlases and sorted periodicals by year.",
+    "A lecture on the history of coastal lighthouses is planned for next month.",
+    "The heating in the east wing was repaired after the storm in early March.",
+    "Visitors are asked to return borrowed umbrellas to the stand by the door.",
+)
+MAX_FILLER_SENTENCES = 1000  # give up (a bug, not a data problem) if no filler this long reaches MIN_SHIFT
+
+WarmKind = Literal["none", "same", "shifted"]
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm of the eval: how its stores are warmed and how its measured session reuses them."""
+
+    name: str  # one of ARM_NAMES
+    config: mmkv.SessionConfig  # the measured session's settings
+    warm: WarmKind  # "none": no warm pass; "same": a pass over the same sample; "shifted": over a filler context
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic with its bootstrap interval."""
+
+    value: float  # the statistic on all records
+    low: float  # 2.5th percentile of the bootstrap distribution
+    high: float  # 97.5th percentile
+
+
+def make_arms(seam: int = 1) -> dict[str, Arm]:
+    """All arms by name (``seam``: tokens recomputed per spliced image in ``kv`` and ``kv-shifted``)."""
+    kv0 = mmkv.SessionConfig(reuse="kv", seam=0)
+    return {
+        "none": Arm("none", mmkv.SessionConfig(reuse="none"), "none"),
+        "encoder": Arm("encoder", mmkv.SessionConfig(reuse="encoder"), "same"),
+        "kv": Arm("kv", mmkv.SessionConfig(reuse="kv", seam=seam), "same"),
+        "kv-shifted": Arm("kv-shifted", mmkv.SessionConfig(reuse="kv", seam=seam), "shifted"),
+        "kv-no-seam": Arm("kv-no-seam", kv0, "shifted"),
+        "kv-temporal-only": Arm(
+            "kv-temporal-only", mmkv.SessionConfig(reuse="kv", seam=0, rotate_axes=(0,)), "shifted"
+        ),
+        "kv-no-rotate": Arm("kv-no-rotate", mmkv.SessionConfig(reuse="kv", seam=0, rotate=False), "shifted"),
+    }
+
+
+# ------------------------------------------------------------------------------------------------ sessions
+def build_session(
+    handle: mmkv.ModelHandle,
+    sample: Sample,
+    config: mmkv.SessionConfig,
+    store: ImageKVStore,
+    encoder_store: EncoderStore,
+) -> mmkv.Session:
+    """A fresh session holding ``sample``'s conversation (system text, then each turn's images and text); the
+    question is not added."""
+    session = mmkv.Session(handle, store=store, encoder_store=encoder_store, config=config)
+    if sample.system:
+        session.add_text(sample.system, role="system")
+    for turn in sample.turns:
+        for image in turn.images:
+            session.add_image(image)
+        if turn.text:
+            session.add_text(turn.text)
+    return session
+
+
+def image_starts(session: mmkv.Session, question: str) -> list[tuple[str, int]]:
+    """``(digest, start position)`` of every image in the prompt ``session`` would run for ``question``, in prompt
+    order (the temporal position of its ``<|vision_start|>``). Changes nothing."""
+    ids, order = session.render(question)
+    grids = torch.tensor([session.images[i].grid for i in order], dtype=torch.long).reshape(-1, 3)  # (N, 3)
+    pieces = split_prompt(session.model, ids, grids)
+    positions = layout_positions(session.model, pieces)
+    return [
+        (session.images[order[piece.image_index]].digest, int(pos[0, 0]))
+        for piece, pos in zip(pieces, positions, strict=True)
+        if piece.kind == "image"
+    ]
+
+
+def _least_distance(targets: Sequence[tuple[str, int]], cached: Sequence[tuple[str, int]]) -> int | None:
+    """The least ``|target - cached|`` over pairs of occurrences of the same image (None: no images)."""
+    distances = [abs(t - c) for dt, t in targets for dc, c in cached if dt == dc]
+    return min(distances) if distances else None
+
+
+def shifted_warm_session(
+    handle: mmkv.ModelHandle,
+    sample: Sample,
+    targets: Sequence[tuple[str, int]],
+    store: ImageKVStore,
+    encoder_store: EncoderStore,
+    min_shift: int = MIN_SHIFT,
+) -> mmkv.Session:
+    """A ``reuse="kv"`` session that shows ``sample``'s images (in order, back to back) after an unrelated system
+    message just long enough that every image lands at least ``min_shift`` positions away from each of its
+    ``targets`` (the sample's own image starts). Another context and other positions: its image KV is what the
+    shifted arms splice. Nothing is run yet."""
+    images = [image for turn in sample.turns for image in turn.images]
+    for num_sentences in range(1, MAX_FILLER_SENTENCES + 1):
+        filler = " ".join(FILLER_SENTENCES[i % len(FILLER_SENTENCES)] for i in range(num_sentences))
+        session = mmkv.Session(handle, store=store, encoder_store=encoder_store, reuse="kv")
+        session.add_text(filler, role="system")
+        for image in images:
+            session.add_image(image)
+        distance = _least_distance(targets, image_starts(session, WARM_QUESTION))
+        if distance is None or distance >= min_shift:
+            return session
+    raise RuntimeError(
+        f"no filler of up to {MAX_FILLER_SENTENCES} sentences moves the images {min_shift} away"
+    )
+
+
+# ------------------------------------------------------------------------------------------------- scoring
+@dataclass(frozen=True)
+class _Pass:
+    """What one measured pass gave."""
+
+    logits: torch.Tensor  # (vocab,) float32, first answer token
+    ttft_s: float  # rendering to first-token logits (store writes excluded)
+    answer: mmkv.Answer  # the decoded answer (asked after the logits, on the same session)
+    sources: tuple[str, ...]  # where each image's KV / vision outputs came from in the timed call
+    prompt_tokens: int  # tokens in the prompt
+    prefilled_tokens: int  # prompt tokens the timed call ran through the language model
+
+
+def _measured_pass(session: mmkv.Session, question: str, max_new_tokens: int) -> _Pass:
+    """First-token logits and their time from one ``next_token_logits`` call, then the greedy answer."""
+    if session.model.device.type == "cuda":
+        torch.cuda.synchronize(session.model.device)  # no warm-pass work left running into the timed call
+    logits = session.next_token_logits(question)
+    prefill = session.last_prefill
+    answer = session.ask(question, max_new_tokens=max_new_tokens)
+    sources = tuple(r.source for r in prefill.images)
+    return _Pass(logits, prefill.seconds, answer, sources, prefill.prompt_tokens, prefill.prefilled)
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(F.cosine_similarity(a.double(), b.double(), dim=0))
+
+
+def _run_arm(
+    handle: mmkv.ModelHandle, sample: Sample, arm: Arm, max_new_tokens: int
+) -> tuple[_Pass, list[int] | None]:
+    """Warm fresh stores as ``arm`` says, then measure a fresh session. Returns the pass and, for kv arms, the
+    shift (placed start - cached start) of every image in prompt order."""
+    store, encoder_store = ImageKVStore(), EncoderStore()
+    session = build_session(handle, sample, arm.config, store, encoder_store)
+    targets = image_starts(session, sample.question)
+    if arm.warm == "same":
+        warm = build_session(handle, sample, mmkv.SessionConfig(reuse=arm.config.reuse), store, encoder_store)
+        warm.next_token_logits(sample.question)
+    elif arm.warm == "shifted":
+        shifted_warm_session(handle, sample, targets, store, encoder_store).next_token_logits(WARM_QUESTION)
+    shifts = None
+    if arm.config.reuse == "kv":
+        cached = {digest: store.get(digest, handle) for digest, _ in targets}
+        assert all(segment is not None for segment in cached.values()), f"{arm.name}: warm pass stored no KV"
+        shifts = [start - cached[digest].start for digest, start in targets]
+        if arm.warm == "shifted":
+            assert all(abs(s) >= MIN_SHIFT for s in shifts), f"{arm.name}: shifts {shifts} under {MIN_SHIFT}"
+    result = _measured_pass(session, sample.question, max_new_tokens)
+    if arm.warm != "none":
+        assert all(s in ("memory", "disk") for s in result.sources), (
+            f"{arm.name}: measured pass missed the warmed store ({result.sources})"
+        )
+    return result, shifts
+
+
+def score_sample(
+    handle: mmkv.ModelHandle,
+    sample: Sample,
+    arms: Sequence[str] = ARM_NAMES,
+    seam: int = 1,
+    max_new_tokens: int = 12,
+) -> dict[str, dict]:
+    """Run ``sample`` under ``none`` and each of ``arms``; one JSON-ready record per arm, scored against the
+    expected answer and against ``none``. Each arm warms its own fresh stores; only measured passes are timed.
+
+    Record fields: ``digest``, ``category``, ``arm``, ``question``, ``expected``, ``answer``,
+    ``correct`` (normalised exact match), ``agree`` (normalised
+    answer equals none's), ``cosine`` (first-token logits vs none, float64), ``top1_agree``, ``ttft_s``,
+    ``none_ttft_s``, ``speedup`` (none / arm TTFT), ``prompt_tokens``, ``prefilled_tokens``, ``reused_tokens``
+    (of the timed call), ``sources`` (per image), ``shifts`` (kv arms: placed start - cached start per image, in
+    positions; else None), ``min_abs_shift`` and ``max_abs_shift``.
+    """
+    unknown = set(arms) - set(ARM_NAMES)
+    if unknown:
+        raise ValueError(f"unknown arms {sorted(unknown)}; choose from {ARM_NAMES}")
+    by_name = make_arms(seam)
+    names = ["none", *(a for a in ARM_NAMES if a in arms and a != "none")]
+    reference: _Pass | None = None
+    records: dict[str, dict] = {}
+    for name in names:
+        result, shifts = _run_arm(handle, sample, by_name[name], max_new_tokens)
+        reference = reference or result
+        answer = normalise_answer(result.answer.text)
+        records[name] = {
+            "digest": sample.digest,
+            "category": sample.category,
+            "arm": name,
+            "question": sample.question,
+            "expected": sample.answer,
+            "answer": result.answer.text,
+            "correct": answer == normalise_answer(sample.answer),
+            "agree": answer == normalise_answer(reference.answer.text),
+            "cosine": _cosine(result.logits, reference.logits),
+            "top1_agree": int(result.logits.argmax()) == int(reference.logits.argmax()),
+            "ttft_s": result.ttft_s,
+            "none_ttft_s": reference.ttft_s,
+            "speedup": reference.ttft_s / result.ttft_s,
+            "prompt_tokens": result.prompt_tokens,
+            "prefilled_tokens": result.prefilled_tokens,
+            "reused_tokens": result.prompt_tokens - result.prefilled_tokens,
+            "sources": list(result.sources),
+            "shifts": shifts,
+            "min_abs_shift": min((abs(s) for s in shifts), default=None) if shifts is not None else None,
+            "max_abs_shift": max((abs(s) for s in shifts), default=None) if shifts is not None else None,
+        }
+    return records
+
+
+# --------------------------------------------------------------------------------------------- aggregation
+def bootstrap(
+    columns: Sequence[np.ndarray],
+    statistic: Callable[..., np.ndarray],
+    resamples: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Estimate:
+    """``statistic`` of the paired ``columns`` (equal-length 1-D arrays) with a percentile bootstrap interval.
+
+    ``statistic`` reduces the last axis: it gets the columns as given for the point value and as ``(resamples,
+    n)`` arrays of the same rows resampled with replacement (one row index set for all columns) for the
+    interval. Seeded: the same inputs give the same interval. Raises ``ValueError`` on empty columns.
+
+    >>> bootstrap([np.array([1.0, 0.0, 1.0, 1.0])], lambda x: x.mean(-1)).value
+    0.75
+    """
+    n = len(columns[0])
+    if n == 0 or any(len(c) != n for c in columns):
+        raise ValueError(
+            f"bootstrap needs equal-length non-empty columns, got lengths {[len(c) for c in columns]}"
+        )
+    value = float(statistic(*columns))
+    rows = np.random.default_rng(seed).integers(0, n, size=(resamples, n))  # (R, n)
+    stats = statistic(*(np.asarray(c)[rows] for c in columns))  # (R,)
+    low, high = np.percentile(stats, [50 * (1 - level), 50 * (1 + level)])
+    return Estimate(value, float(low), float(high))
+
+
+def _mean(x: np.ndarray) -> np.ndarray:
+    return x.mean(-1)
+
+
+def _median(x: np.ndarray) -> np.ndarray:
+    return np.median(x, -1)
+
+
+def _speedup(none_ttft: np.ndarray, arm_ttft: np.ndarray) -> np.ndarray:
+    return np.median(none_ttft, -1) / np.median(arm_ttft, -1)
+
+
+def aggregate(records: Sequence[dict], resamples: int = 1000, seed: int = 0) -> dict[str, dict[str, dict]]:
+    """Per arm and category (and ``"all"``): ``n``, ``accuracy``, ``agreement`` (with none), ``cosine`` (mean
+    first-token logit cosine with none), ``ttft_s`` (median), ``speedup`` (median none TTFT / median arm TTFT,
+    paired per sample), each ``{"value", "low", "high"}`` with a seeded bootstrap 95% interval, and
+    ``min_abs_shift`` / ``max_abs_shift`` (kv arms: the least / largest image shift over the cell's samples, in
+    positions; else None).
+
+    Reads the record fields ``arm``, ``category``, ``correct``, ``agree``, ``cosine``, ``ttft_s``,
+    ``none_ttft_s`` and the optional ``min_abs_shift`` / ``max_abs_shift``; pure (no model needed). Arms come in
+    ``ARM_NAMES`` order, categories in order of first appearance, then ``"all"``.
+    """
+    arms = [a for a in ARM_NAMES if any(r["arm"] == a for r in records)]
+    arms += sorted({r["arm"] for r in records} - set(arms))
+    categories = list(dict.fromkeys(r["category"] for r in records))
+    table: dict[str, dict[str, dict]] = {}
+    for arm in arms:
+        table[arm] = {}
+        for category in [*categories, "all"]:
+            cell = [r for r in records if r["arm"] == arm and category in (r["category"], "all")]
+            if not cell:
+                continue
+
+            def column(key: str, cell: list[dict] = cell) -> np.ndarray:
+                return np.array([float(r[key]) for r in cell], dtype=np.float64)  # (n,)
+
+            def estimate(columns: Sequence[np.ndarray], statistic: Callable[..., np.ndarray]) -> dict:
+                return asdict(bootstrap(columns, statistic, resamples, seed))
+
+            least = [r["min_abs_shift"] for r in cell if r.get("min_abs_shift") is not None]
+            most = [r["max_abs_shift"] for r in cell if r.get("max_abs_shift") is not None]
+            table[arm][category] = {
+                "n": len(cell),
+                "accuracy": estimate([column("correct")], _mean),
+                "agreement": estimate([column("agree")], _mean),
+                "cosine": estimate([column("cosine")], _mean),
+                "ttft_s": estimate([column("ttft_s")], _median),
+                "speedup": estimate([column("none_ttft_s"), column("ttft_s")], _speedup),
+                "min_abs_shift": min(least) if least else None,
+                "max_abs_shift": max(most) if most else None,
+            }
+    return table
+
+
+def _interval(e: dict, digits: int = 2, scale: float = 1.0) -> str:
+    v, lo, hi = (scale * e[k] for k in ("value", "low", "high"))
+    return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def to_markdown(table: dict[str, dict[str, dict]]) -> str:
+    """The aggregate as a Markdown table, one row per arm and category, intervals in brackets; ``shift`` is the
+    range of distances (positions) between where spliced images were cached and where they were placed."""
+    lines = [
+        "| arm | category | n | accuracy | agreement with none | logit cosine | median TTFT ms | speedup | "
+        "shift |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, cells in table.items():
+        for category, c in cells.items():
+            shift = "" if c["min_abs_shift"] is None else f"{c['min_abs_shift']}-{c['max_abs_shift']}"
+            lines.append(
+                f"| {arm} | {category} | {c['n']} | {_interval(c['accuracy'])} | {_interval(c['agreement'])} | "
+                f"{_interval(c['cosine'], 5)} | {_interval(c['ttft_s'], 1, 1e3)} | {_interval(c['speedup'])}x | "
+                f"{shift} |"
+            )
+    return "\n".join(lines)
+
+
+def plot(table: dict[str, dict[str, dict]], path: str | Path, title: str = "") -> None:
+    """Two panels over the arms (category ``"all"``): agreement with none and speedup over none, as bars with
+    their bootstrap intervals. Writes a PNG to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = [a for a in table if "all" in table[a]]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.6 * len(arms)), 4.0))
+    for ax, key, label in zip(
+        axes, ("agreement", "speedup"), ("agreement with none", "speedup over none (x)"), strict=True
+    ):
+        est = [table[a]["all"][key] for a in arms]
+        values = np.array([e["value"] for e in est])  # (arms,)
+        errors = np.array(
+            [[e["value"] - e["low"] for e in est], [e["high"] - e["value"] for e in est]]
+        )  # (2, A)
+        ax.bar(range(len(arms)), values, yerr=np.clip(errors, 0, None), capsize=4, color="tab:blue")
+        ax.set_xticks(range(len(arms)), arms, rotation=30, ha="right")
+        ax.set_ylabel(label)
+        if key == "speedup":
+            ax.axhline(1.0, color="grey", linewidth=0.8)
+        else:
+            ax.set_ylim(0, 1.05)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------------------------------- runs
+def _default_out(model: str) -> Path:
+    return Path("runs") / f"vqa-{re.sub(r'[^A-Za-z0-9._-]+', '_', Path(model).name or model)}"
+
+
+def run(
+    model: str | mmkv.ModelHandle = "tiny-qwen3-vl",
+    n: int = 200,
+    seed: int = 0,
+    seam: int = 1,
+    categories: Sequence[str] | None = None,
+    arms: Sequence[str] | None = None,
+    jsonl: str | Path | None = None,
+    max_new_tokens: int = 12,
+    device: str | None = None,
+    out: str | Path | None = None,
+    progress: bool = True,
+) -> dict:
+    """Evaluate ``arms`` (``none`` always runs) on ``n`` held-out samples per category (all categories unless
+    ``jsonl`` is given; then its samples, category ``"custom"``, plus any ``categories`` named) and write
+    ``results.json``, ``results.md`` and ``results.png`` to ``out``. Returns what ``results.json`` holds:
+    ``settings``, ``records`` (one per sample and arm) and ``aggregate``.
+
+    One untimed run of the first sample comes first, so that one-off start-up costs are not measured.
+    """
+    handle = model if isinstance(model, mmkv.ModelHandle) else mmkv.load(model, device=device)
+    name = handle.name if isinstance(model, mmkv.ModelHandle) else str(model)
+    if arms is not None and set(arms) - set(ARM_NAMES):
+        raise ValueError(f"unknown arms {sorted(set(arms) - set(ARM_NAMES))}; choose from {ARM_NAMES}")
+    arms = ARM_NAMES if arms is None else tuple(a for a in ARM_NAMES if a == "none" or a in arms)
+    if categories is None:
+        categories = () if jsonl is not None else CATEGORIES
+    samples = [s for category in categories for s in make_samples(category, n, seed=seed)]
+    if jsonl is not None:
+        samples += load_jsonl(jsonl)
+    if not samples:
+        raise ValueError("no samples to evaluate: name --categories or give --jsonl")
+    out = Path(out) if out is not None else _default_out(name)
+    out.mkdir(parents=True, exist_ok=True)
+
+    started = time.perf_counter()
+    score_sample(handle, samples[0], arms, seam, max_new_tokens)  # warm-up, discarded
+    records: list[dict] = []
+    for sample in tqdm(samples, desc=f"vqa {name}", unit="sample", disable=not progress):
+        records.extend(score_sample(handle, sample, arms, seam, max_new_tokens).values())
+    table = aggregate(records, seed=seed)
+    results = {
+        "settings": {
+            "model": name,
+            "family": handle.family.name,
+            "device": str(handle.device),
+            "dtype": str(handle.dtype),
+            "n": n,
+            "seed": seed,
+            "seam": seam,
+            "categories": list(categories),
+            "jsonl": None if jsonl is None else str(jsonl),
+            "arms": list(arms),
+            "max_new_tokens": max_new_tokens,
+            "num_samples": len(samples),
+            "min_shift": MIN_SHIFT,
+            "bootstrap_resamples": 1000,
+            "seconds": time.perf_counter() - started,
+            "median_none_ttft_s": statistics.median(r["ttft_s"] for r in records if r["arm"] == "none"),
+        },
+        "records": records,
+        "aggregate": table,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    header = (
+        f"# VQA eval: {name}\n\n{len(samples)} samples, arms against full recompute (`none`), seam {seam}, "
+        f"{handle.device} {handle.dtype}; bootstrap 95% intervals in brackets.\n\n"
+    )
+    (out / "results.md").write_text(header + to_markdown(table) + "\n")
+    plot(table, out / "results.png", title=f"{name}: {len(samples)} samples")
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (parsed only under ``__main__``)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="small-qwen3-vl", help="any name mmkv.load understands")
+    parser.add_argument("--n", type=int, default=200, help="samples per category")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seam", type=int, default=1, help="tokens recomputed per spliced image (kv, kv-shifted)"
+    )
+    parser.add_argument("--categories", nargs="+", choices=CATEGORIES, default=None)
+    parser.add_argument("--arms", nargs="+", choices=ARM_NAMES, default=None, help="none always runs")
+    parser.add_argument(
+        "--jsonl", default=None, help="your own tasks (category 'custom'); see evals/tasks.py"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=12)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--out", default=None, help="output folder (default runs/vqa-<model>)")
+    return parser
+
+
+if __name__ == "__main__":
+    results = run(**vars(build_parser().parse_args()))
+    print(to_markdown(results["aggregate"]))
+    print(f"\n{results['settings']['num_samples']} samples in {results['settings']['seconds']:.1f} s")

@@ -1,0 +1,282 @@
+"""Train the small shipped checkpoints on the synthetic task suite, so the eval and the demo have models that
+decide something.
+
+The models are the real transformers classes (Qwen2.5-VL, Qwen3-VL) shrunk to a few million parameters, with a
+byte-level BPE tokenizer trained on the suite's texts and the family's chat template. Prompts are rendered by an
+``mmkv.Session`` (exactly as the eval and the demo render them), the loss is on the answer tokens only, and the
+result is saved as a standard checkpoint directory that ``mmkv.load("small-qwen3-vl")`` loads.
+
+Run::
+
+    python training/train_small.py --family qwen3_vl --steps 3000          # -> checkpoints/small-qwen3-vl
+    python training/train_small.py --family qwen2_5_vl --steps 3000        # -> checkpoints/small-qwen2.5-vl
+    python training/train_small.py --family qwen3_vl --steps 50 --out /tmp/smoke --eval-n 10   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script from anywhere: make the repository's packages importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from tqdm import tqdm
+from transformers import (
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+)
+from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+import mmkv
+from evals.tasks import (
+    AGENTIC_POLICY,
+    CATEGORIES,
+    COLOURS,
+    SHAPES,
+    Sample,
+    iter_samples,
+    make_samples,
+    normalise_answer,
+)
+from mmkv.model.handle import FAMILIES, ModelHandle
+from mmkv.model.processor import VLProcessor
+from mmkv.model.templates import QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
+from mmkv.model.tiny import train_tokenizer
+
+OUT_NAMES = {"qwen3_vl": "small-qwen3-vl", "qwen2_5_vl": "small-qwen2.5-vl"}
+
+
+def _corpus() -> list[str]:
+    """Texts the tokenizer is trained on: everything the suite and the chat template can say."""
+    words = [*COLOURS, *SHAPES, "yes", "no", "first", "second", "same", "admin", "viewer"]
+    lines = [AGENTIC_POLICY.format(role=r) for r in ("admin", "viewer")]
+    for category in CATEGORIES:
+        for sample in make_samples(category, 300, seed=123, split="train"):
+            lines += [sample.question, sample.answer, *(t.text for t in sample.turns)]
+    lines += ["system user assistant", "You are a helpful assistant.", " ".join(words)]
+    lines += [f"click(approve) escalate(ticket) click(submit) fill(field) Screen {i}." for i in range(1, 7)]
+    return lines
+
+
+def build_model(family: str, seed: int = 0) -> ModelHandle:
+    """A fresh small model of ``family`` with its tokenizer, image processor and chat template."""
+    tokenizer = train_tokenizer(_corpus(), vocab_size=700)
+    vocab = tokenizer.get_vocab()
+    ids = {
+        "image_token_id": vocab["<|image_pad|>"],
+        "video_token_id": vocab["<|video_pad|>"],
+        "vision_start_token_id": vocab["<|vision_start|>"],
+        "vision_end_token_id": vocab["<|vision_end|>"],
+    }
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "max_position_embeddings": 4096,
+        "bos_token_id": None,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "tie_word_embeddings": True,
+    }
+    vision = {
+        "depth": 4,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_heads": 4,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": 128,
+    }
+    torch.manual_seed(seed)
+    if family == "qwen3_vl":
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [6, 5, 5]}
+        vision |= {"patch_size": 16, "num_position_embeddings": 64, "deepstack_visual_indexes": [1, 3]}
+        config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+        model = Qwen3VLForConditionalGeneration(config)
+        image_processor = Qwen2VLImageProcessorPil(
+            patch_size=16,
+            merge_size=2,
+            min_pixels=32 * 32 * 4,
+            max_pixels=128 * 128,
+            image_mean=[0.5] * 3,
+            image_std=[0.5] * 3,
+        )
+        template = QWEN3_VL_TEMPLATE
+    else:
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}
+        vision |= {"patch_size": 14, "window_size": 56, "fullatt_block_indexes": [1, 3]}
+        config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
+        model = Qwen2_5_VLForConditionalGeneration(config)
+        image_processor = Qwen2VLImageProcessorPil(
+            patch_size=14,
+            merge_size=2,
+            min_pixels=28 * 28 * 4,
+            max_pixels=140 * 140,
+            image_mean=list(OPENAI_CLIP_MEAN),
+            image_std=list(OPENAI_CLIP_STD),
+        )
+        template = QWEN2_VL_TEMPLATE
+    processor = VLProcessor(tokenizer, image_processor, template)
+    return ModelHandle.from_parts(OUT_NAMES[family], model.eval(), processor, FAMILIES[family])
+
+
+def sample_session(handle: ModelHandle, sample: Sample, **settings) -> mmkv.Session:
+    """A session holding ``sample``'s conversation (system text, then each turn's images and text)."""
+    session = mmkv.Session(handle, **settings)
+    if sample.system:
+        session.add_text(sample.system, role="system")
+    for turn in sample.turns:
+        for image in turn.images:
+            session.add_image(image)
+        if turn.text:
+            session.add_text(turn.text)
+    return session
+
+
+def encode_example(handle: ModelHandle, sample: Sample) -> dict[str, torch.Tensor]:
+    """Token ids, labels (answer only) and pixels of one training example, rendered as a Session renders it."""
+    session = sample_session(handle, sample)
+    prompt, order = session.render(sample.question)
+    answer = torch.tensor(handle.processor.encode_text(sample.answer + "<|im_end|>"), dtype=torch.long)
+    ids = torch.cat([prompt, answer])
+    labels = torch.cat([torch.full_like(prompt, -100), answer])
+    images = handle.processor.preprocess_images([session.images[i].pixels for i in order])
+    return {"ids": ids, "labels": labels, "pixel_values": images.pixel_values, "grid": images.image_grid_thw}
+
+
+def collate(handle: ModelHandle, batch: list[dict]) -> dict[str, torch.Tensor]:
+    """Right-padded batch inputs for the model's own forward (it computes M-RoPE positions itself)."""
+    length = max(int(b["ids"].shape[0]) for b in batch)
+    pad = handle.tokenizer.pad_token_id
+    ids = torch.full((len(batch), length), pad, dtype=torch.long)  # (B, L)
+    labels = torch.full((len(batch), length), -100, dtype=torch.long)  # (B, L)
+    mask = torch.zeros((len(batch), length), dtype=torch.long)  # (B, L)
+    for row, b in enumerate(batch):
+        n = int(b["ids"].shape[0])
+        ids[row, :n], labels[row, :n], mask[row, :n] = b["ids"], b["labels"], 1
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "labels": labels,
+        "mm_token_type_ids": (ids == handle.processor.image_token_id).int(),
+        "pixel_values": torch.cat([b["pixel_values"] for b in batch]),
+        "image_grid_thw": torch.cat([b["grid"] for b in batch]),
+    }
+
+
+@torch.no_grad()
+def heldout_accuracy(handle: ModelHandle, n: int, seed: int = 0) -> dict[str, float]:
+    """Accuracy per category under full recompute (``reuse="none"``), greedy answers."""
+    handle.model.eval()
+    out = {}
+    for category in CATEGORIES:
+        samples = make_samples(category, n, seed=seed, split="heldout")
+        correct = 0
+        for sample in samples:
+            answer = sample_session(handle, sample, reuse="none").ask(sample.question, max_new_tokens=8)
+            correct += normalise_answer(answer.text) == normalise_answer(sample.answer)
+        out[category] = correct / len(samples)
+    return out
+
+
+def train(
+    family: str,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    out: Path,
+    eval_n: int,
+    seed: int,
+    init: Path | None = None,
+) -> dict:
+    """Train (from scratch, or on from the checkpoint ``init``), evaluate on the held-out split, save; returns
+    the report written next to the checkpoint."""
+    torch.manual_seed(seed)
+    handle = build_model(family, seed) if init is None else mmkv.load(init, device="cpu")
+    model = handle.model.train()
+    params = sum(p.numel() for p in model.parameters())
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
+    warmup = max(1, steps // 30)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
+    )
+    previous = json.loads((init / "training_report.json").read_text()) if init is not None else {}
+    streams = {c: iter_samples(c, seed + previous.get("total_steps", 0), "train") for c in CATEGORIES}
+    rng = random.Random(seed)
+    started, losses = time.time(), []
+    progress = tqdm(range(steps), desc=f"train {family}")
+    for step in progress:
+        batch = [encode_example(handle, next(streams[rng.choice(CATEGORIES)])) for _ in range(batch_size)]
+        loss = model(**collate(handle, batch)).loss
+        model.model.rope_deltas = None
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        if step % 25 == 0:
+            progress.set_postfix(loss=f"{sum(losses[-25:]) / len(losses[-25:]):.3f}")
+    train_seconds = time.time() - started
+    model.eval()
+    accuracy = heldout_accuracy(handle, eval_n)
+    handle = ModelHandle.from_parts(
+        handle.name, model, handle.processor, handle.family
+    )  # fingerprint of the result
+    handle.save(out)
+    report = {
+        "family": family,
+        "params": params,
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "seed": seed,
+        "train_seconds": round(train_seconds, 1),
+        "final_loss": sum(losses[-50:]) / len(losses[-50:]),
+        "heldout_accuracy": accuracy,
+        "heldout_n_per_category": eval_n,
+        "weights_bytes": sum(f.stat().st_size for f in out.glob("*.safetensors")),
+    }
+    (out / "training_report.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--family", choices=sorted(OUT_NAMES), default="qwen3_vl")
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument(
+        "--eval-n", type=int, default=100, help="held-out samples per category for the report"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="default: checkpoints/<small model name>")
+    parser.add_argument("--init", type=Path, default=None, help="continue training this checkpoint directory")
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    out_dir = args.out or Path(__file__).resolve().parents[1] / "checkpoints" / OUT_NAMES[args.family]
+    print(
+        json.dumps(
+            train(
+                args.family, args.steps, args.batch_size, args.lr, out_dir, args.eval_n, args.seed, args.init
+            ),
+            indent=1,
+        )
+    )
