@@ -27,7 +27,16 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-__all__ = ["CATEGORIES", "Sample", "Turn", "load_jsonl", "make_samples", "normalise_answer", "render_scene"]
+__all__ = [
+    "CATEGORIES",
+    "Sample",
+    "Turn",
+    "load_jsonl",
+    "make_samples",
+    "normalise_answer",
+    "render_scene",
+    "sample_session",
+]
 
 CATEGORIES = ("perception", "reasoning", "agentic", "trajectory")
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
@@ -249,6 +258,22 @@ def make_samples(
         if len(out) == n:
             return out
     return out
+
+
+def sample_session(handle, sample: Sample, **session_kwargs):
+    """A fresh ``mmkv.Session`` over ``handle`` holding ``sample``'s conversation: the system text, then each
+    turn's images and text (the question is not added). ``session_kwargs`` go to ``Session``."""
+    import mmkv
+
+    session = mmkv.Session(handle, **session_kwargs)
+    if sample.system:
+        session.add_text(sample.system, role="system")
+    for turn in sample.turns:
+        for image in turn.images:
+            session.add_image(image)
+        if turn.text:
+            session.add_text(turn.text)
+    return session
 
 
 def normalise_answer(text: str) -> str:

@@ -58,7 +58,14 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mmkv  # noqa: E402
-from evals.tasks import CATEGORIES, Sample, load_jsonl, make_samples, normalise_answer  # noqa: E402
+from evals.tasks import (  # noqa: E402
+    CATEGORIES,
+    Sample,
+    load_jsonl,
+    make_samples,
+    normalise_answer,
+    sample_session,
+)
 from mmkv.cache import EncoderStore, ImageKVStore  # noqa: E402
 from mmkv.prompt import layout_positions, split_prompt  # noqa: E402
 
@@ -141,15 +148,7 @@ def build_session(
 ) -> mmkv.Session:
     """A fresh session holding ``sample``'s conversation (system text, then each turn's images and text); the
     question is not added."""
-    session = mmkv.Session(handle, store=store, encoder_store=encoder_store, config=config)
-    if sample.system:
-        session.add_text(sample.system, role="system")
-    for turn in sample.turns:
-        for image in turn.images:
-            session.add_image(image)
-        if turn.text:
-            session.add_text(turn.text)
-    return session
+    return sample_session(handle, sample, store=store, encoder_store=encoder_store, config=config)
 
 
 def image_starts(session: mmkv.Session, question: str) -> list[tuple[str, int]]:

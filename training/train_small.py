@@ -47,6 +47,7 @@ from evals.tasks import (
     iter_samples,
     make_samples,
     normalise_answer,
+    sample_session,
 )
 from mmkv.model.handle import FAMILIES, ModelHandle
 from mmkv.model.processor import VLProcessor
@@ -132,19 +133,6 @@ def build_model(family: str, seed: int = 0) -> ModelHandle:
         template = QWEN2_VL_TEMPLATE
     processor = VLProcessor(tokenizer, image_processor, template)
     return ModelHandle.from_parts(OUT_NAMES[family], model.eval(), processor, FAMILIES[family])
-
-
-def sample_session(handle: ModelHandle, sample: Sample, **settings) -> mmkv.Session:
-    """A session holding ``sample``'s conversation (system text, then each turn's images and text)."""
-    session = mmkv.Session(handle, **settings)
-    if sample.system:
-        session.add_text(sample.system, role="system")
-    for turn in sample.turns:
-        for image in turn.images:
-            session.add_image(image)
-        if turn.text:
-            session.add_text(turn.text)
-    return session
 
 
 def encode_example(handle: ModelHandle, sample: Sample) -> dict[str, torch.Tensor]:

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import mmkv
-from evals.tasks import CATEGORIES, iter_samples
+from evals.tasks import CATEGORIES, iter_samples, sample_session
 from mmkv.model.registry import SHIPPED, SHIPPED_DIR
-from training.train_small import build_model, collate, encode_example, sample_session
+from training.train_small import build_model, collate, encode_example
 
 
 def _round_trip(handle: mmkv.ModelHandle, tmp_path) -> None:
