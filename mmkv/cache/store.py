@@ -83,9 +83,9 @@ class TieredStore(Generic[V]):
     ):
         """A store holding up to ``max_bytes`` of values in memory and, if ``path`` is given, up to about
         ``disk_max_bytes`` of records in the diskcache directory ``path`` (created if missing)."""
-        self.path = None if path is None else Path(path)  # the disk tier's directory, if any
+        self.path = None if path is None else Path(path).expanduser()  # the disk tier's directory, if any
         self._memory: MemoryTier[V] = MemoryTier(max_bytes)
-        self._disk = None if path is None else DiskTier(path, disk_max_bytes)
+        self._disk = None if path is None else DiskTier(self.path, disk_max_bytes)
 
     def _key(self, digest: str, handle: ModelHandle) -> str:
         """The memory and disk key of ``digest`` under ``handle``'s model."""
