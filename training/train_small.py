@@ -238,6 +238,9 @@ def train(
         "heldout_accuracy": accuracy,
         "heldout_n_per_category": eval_n,
         "weights_bytes": sum(f.stat().st_size for f in out.glob("*.safetensors")),
+        "total_steps": previous.get("total_steps", 0) + steps,  # over every --init continuation
+        "total_train_seconds": round(previous.get("total_train_seconds", 0) + train_seconds, 1),
+        "history": [*previous.get("history", []), {"steps": steps, "lr": lr, "heldout_accuracy": accuracy}],
     }
     (out / "training_report.json").write_text(json.dumps(report, indent=1))
     return report
