@@ -38,19 +38,25 @@ __all__ = [
     "sample_session",
 ]
 
-CATEGORIES = ("perception", "reasoning", "agentic", "trajectory")
+CATEGORIES = ("perception", "reasoning", "agentic", "trajectory")  # the VQA suite
+TRAINING_CATEGORIES = (*CATEGORIES, "agentic_text")  # + the agentic task with the gate said in words
 COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (230, 200, 30)}
 SHAPES = ("circle", "square", "triangle")
-CANVAS = 128  # scene side in pixels
+CANVAS = (
+    96  # scene side in pixels: 3 cells of 32 px, so each cell is one merged vision token of both families
+)
 GRID = 3  # objects sit in the cells of a GRID x GRID layout
+PANEL = 128  # UI panel side in pixels
 
 
 @dataclass(frozen=True)
 class Turn:
-    """One user turn: images first, then text (either may be empty)."""
+    """One turn: images first, then text (either may be empty). A ``system`` turn (text only) is a message of its
+    own, e.g. an erratum announcing that a policy field has changed."""
 
     images: tuple[Image.Image, ...]  # RGB images shown in this turn
-    text: str  # what the user says after them
+    text: str  # what is said after them
+    role: str = "user"  # "user" or "system"
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,8 @@ def render_scene(objects: list[_Object], background: tuple[int, int, int] = (245
     draw = ImageDraw.Draw(image)
     cell = CANVAS // GRID
     for obj in objects:
-        x0, y0 = obj.col * cell + 6, obj.row * cell + 6
-        x1, y1 = x0 + cell - 12, y0 + cell - 12
+        x0, y0 = obj.col * cell + 5, obj.row * cell + 5
+        x1, y1 = x0 + cell - 10, y0 + cell - 10
         fill = COLOURS[obj.colour]
         if obj.shape == "circle":
             draw.ellipse([x0, y0, x1, y1], fill=fill)
@@ -144,13 +150,13 @@ def render_panel(badge: str, field_filled: bool, rng: random.Random) -> Image.Im
     """A UI panel: a status badge (red alert / green ok) top right, a form field (dark when filled), three
     buttons, laid out with random offsets, title-bar colour and highlighted button (distractors)."""
     dx, dy = rng.randint(0, 6), rng.randint(0, 6)
-    image = Image.new("RGB", (CANVAS, CANVAS), (250, 250, 250))
+    image = Image.new("RGB", (PANEL, PANEL), (250, 250, 250))
     draw = ImageDraw.Draw(image)
-    draw.rectangle([0, 0, CANVAS, 14 + dy // 2], fill=tuple(rng.randint(40, 110) for _ in range(3)))
+    draw.rectangle([0, 0, PANEL, 14 + dy // 2], fill=tuple(rng.randint(40, 110) for _ in range(3)))
     badge_colour = COLOURS["red"] if badge == "alert" else COLOURS["green"]
-    draw.ellipse([CANVAS - 34 + dx, 22 + dy, CANVAS - 10 + dx, 46 + dy], fill=badge_colour)
+    draw.ellipse([PANEL - 34 + dx, 22 + dy, PANEL - 10 + dx, 46 + dy], fill=badge_colour)
     field_fill = (40, 40, 40) if field_filled else (255, 255, 255)
-    draw.rectangle([6 + dx, 56 + dy, CANVAS - 14 + dx, 74 + dy], outline=(0, 0, 0), fill=field_fill)
+    draw.rectangle([6 + dx, 56 + dy, PANEL - 14 + dx, 74 + dy], outline=(0, 0, 0), fill=field_fill)
     highlight = rng.randint(0, 2)
     for i in range(3):
         x0 = 6 + dx + i * 38
@@ -159,6 +165,7 @@ def render_panel(badge: str, field_filled: bool, rng: random.Random) -> Image.Im
     return image
 
 
+AGENTIC_FIELD = "account_role"  # the policy's mutable field (a ``{role}`` placeholder in AGENTIC_POLICY)
 AGENTIC_POLICY = (
     "Policy. account_role: {role}. If the status badge is red: an admin answers click(approve), anyone else "
     "answers escalate(ticket). If the badge is green: answer click(submit) when the form field is filled, "
@@ -173,18 +180,35 @@ def agentic_answer(role: str, badge: str, field_filled: bool) -> str:
     return "click(submit)" if field_filled else "fill(field)"
 
 
-def _agentic(rng: random.Random) -> tuple[str, list[Turn], str, str]:
+AGENTIC_QUESTION = "What is the next action? Answer with one tool call."
+
+
+def describe_screen(badge: str, field_filled: bool, ticket: int) -> str:
+    """The text-only gate: the screen's state said in words instead of shown (the ticket number makes samples
+    distinct, so both splits hold every combination)."""
+    colour = "red" if badge == "alert" else "green"
+    field = "a filled" if field_filled else "an empty"
+    return f"Ticket {ticket}. The screen shows a {colour} status badge and {field} form field."
+
+
+def _agentic(rng: random.Random, gate: str = "screen") -> tuple[str, list[Turn], str, str]:
+    """A policy (``account_role`` field) and the screen's state, shown (``gate="screen"``) or said in words
+    (``gate="text"``); 30% of samples then announce a new role in an erratum line (a system turn), which the
+    answer must follow."""
+    from mmkv.text.erratum import erratum_line
+
     role = rng.choice(["admin", "viewer"])
     badge = rng.choice(["alert", "ok"])
     filled = rng.random() < 0.5
-    panel = render_panel(badge, filled, rng)
+    if gate == "screen":
+        turns = [Turn((render_panel(badge, filled, rng),), "Here is the screen.")]
+    else:
+        turns = [Turn((), describe_screen(badge, filled, rng.randint(100, 999)))]
     system = AGENTIC_POLICY.format(role=role)
-    return (
-        system,
-        [Turn((panel,), "Here is the screen.")],
-        "What is the next action? Answer with one tool call.",
-        (agentic_answer(role, badge, filled)),
-    )
+    if rng.random() < 0.3:
+        role = rng.choice(["admin", "viewer"])  # the current value; may equal the old one
+        turns.append(Turn((), erratum_line(AGENTIC_FIELD, role), role="system"))
+    return system, turns, AGENTIC_QUESTION, agentic_answer(role, badge, filled)
 
 
 def _trajectory(rng: random.Random) -> tuple[str, list[Turn], str, str]:
@@ -201,10 +225,9 @@ def _trajectory(rng: random.Random) -> tuple[str, list[Turn], str, str]:
         scenes_objects.append(obj)
         turns.append(Turn((render_scene([obj]),), f"Screen {i + 1}."))
     target = rng.randrange(num)
-    ordinal = ["first", "second", "third", "fourth", "fifth", "sixth"][target]
     kind = rng.choice(["colour", "shape"])
     obj = scenes_objects[target]
-    question = f"What {kind} was the object on the {ordinal} screen? Answer with one word."
+    question = f"What {kind} was the object on screen {target + 1}? Answer with one word."
     return "", turns, question, obj.colour if kind == "colour" else obj.shape
 
 
@@ -213,14 +236,15 @@ _GENERATORS = {
     "reasoning": _reasoning,
     "agentic": _agentic,
     "trajectory": _trajectory,
+    "agentic_text": lambda rng: _agentic(rng, gate="text"),
 }
 
 
 def _content_digest(system: str, turns: list[Turn], question: str, answer: str) -> str:
-    h = hashlib.sha256(b"mmkv-task-v1\0")
+    h = hashlib.sha256(b"mmkv-task-v2\0")
     h.update(f"{system}\0{question}\0{answer}\0".encode())
     for turn in turns:
-        h.update(f"{turn.text}\0{len(turn.images)}\0".encode())
+        h.update(f"{turn.role}\0{turn.text}\0{len(turn.images)}\0".encode())
         for image in turn.images:
             h.update(image.tobytes())
     return h.hexdigest()
@@ -233,7 +257,7 @@ def _split_of(digest: str) -> str:
 def iter_samples(category: str, seed: int, split: str) -> Iterator[Sample]:
     """An endless deterministic stream of ``category`` samples of ``split`` ("train" or "heldout")."""
     if category not in _GENERATORS:
-        raise ValueError(f"unknown category {category!r}; choose from {CATEGORIES}")
+        raise ValueError(f"unknown category {category!r}; choose from {TRAINING_CATEGORIES}")
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     rng = random.Random(f"{category}/{seed}")
@@ -272,7 +296,7 @@ def sample_session(handle, sample: Sample, **session_kwargs):
         for image in turn.images:
             session.add_image(image)
         if turn.text:
-            session.add_text(turn.text)
+            session.add_text(turn.text, role=turn.role)
     return session
 
 

@@ -8,6 +8,8 @@ exactly what the model would see; ``split_prompt`` then cuts those ids into ``Pr
 
 from __future__ import annotations
 
+import bisect
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -16,8 +18,89 @@ import torch
 
 from .kv.spans import image_span, text_span
 from .model.handle import ModelHandle
+from .text.fields import fill_template
 
-__all__ = ["PromptPiece", "layout_positions", "split_prompt"]
+__all__ = ["PromptPiece", "RenderedPrompt", "layout_positions", "render_prompt", "split_prompt"]
+
+_MARK = re.compile("\ue000([0-9]+)\ue001")  # stands in for a text item while the template renders
+
+
+@dataclass(frozen=True, eq=False)
+class RenderedPrompt:
+    """A conversation rendered to token ids, with where each text item and each field value landed."""
+
+    token_ids: torch.Tensor  # (L,) long
+    text: str  # the rendered text (image pads expanded)
+    item_spans: dict[int, tuple[int, int]] | None  # text item "item_id" -> [begin, end) token span
+    field_spans: dict[str, tuple[int, int]] | None  # field name -> [begin, end) token span of its value
+    # (both None when the chat template rewrites message text, so spans cannot be traced)
+
+
+def render_prompt(
+    processor, messages: list[dict], grids: torch.Tensor, add_generation_prompt: bool
+) -> RenderedPrompt:
+    """Render ``messages`` (text items ``{"type": "text", "text", ["item_id", "template", "fields"]}``, image
+    items ``{"type": "image"}``) with ``processor``'s chat template, expand the image pads for ``grids`` and
+    tokenise; the token spans of text items that carry an ``item_id`` and of their fields' values come along.
+
+    Spans are found by rendering with a private-use marker in place of each text item and substituting the
+    text afterwards; if that differs from a direct rendering (a template that rewrites text), spans are None.
+    """
+    marked, direct, items = [], [], []
+    for message in messages:
+        marked_content, direct_content = [], []
+        for item in message["content"]:
+            if item["type"] == "text":
+                marked_content.append({"type": "text", "text": f"\ue000{len(items)}\ue001"})
+                direct_content.append({"type": "text", "text": item["text"]})
+                items.append(item)
+            else:
+                marked_content.append({"type": item["type"]})
+                direct_content.append({"type": item["type"]})
+        marked.append({"role": message["role"], "content": marked_content})
+        direct.append({"role": message["role"], "content": direct_content})
+    text = processor.expand_image_pads(processor.apply_chat_template(direct, add_generation_prompt), grids)
+    template = processor.expand_image_pads(
+        processor.apply_chat_template(marked, add_generation_prompt), grids
+    )
+    parts, char_items, char_fields, cursor, length = [], {}, {}, 0, 0
+    for match in _MARK.finditer(template):
+        item = items[int(match.group(1))]
+        literal = template[cursor : match.start()]
+        parts.append(literal)
+        length += len(literal)
+        body = item["text"]
+        if "item_id" in item:
+            char_items[item["item_id"]] = (length, length + len(body))
+            if item.get("fields"):
+                _, spans = fill_template(item["template"], item["fields"])
+                for name, (b, e) in spans.items():
+                    char_fields[name] = (length + b, length + e)
+        parts.append(body)
+        length += len(body)
+        cursor = match.end()
+    parts.append(template[cursor:])
+    traced = "".join(parts) == text
+    encoded = processor.tokenizer(text, add_special_tokens=False, return_offsets_mapping=traced)
+    ids = torch.tensor(encoded["input_ids"], dtype=torch.long)
+    if not traced:
+        return RenderedPrompt(ids, text, None, None)
+    offsets = encoded["offset_mapping"]
+    ends = [e for _, e in offsets]
+
+    def tokens(span: tuple[int, int]) -> tuple[int, int]:  # the tokens overlapping a character span
+        begin = bisect.bisect_right(ends, span[0])
+        end = begin
+        while end < len(offsets) and offsets[end][0] < span[1]:
+            end += 1
+        return begin, end
+
+    return RenderedPrompt(
+        ids,
+        text,
+        {key: tokens(span) for key, span in char_items.items()},
+        {name: tokens(span) for name, span in char_fields.items()},
+    )
 
 
 @dataclass(frozen=True, eq=False)

@@ -37,7 +37,7 @@ from .images import DEFAULT_MAX_PIXELS, ImageSource, load_image
 from .kv import ImageFeatures, KVSegment, encode_images, new_cache, prefill_span, segment_from_cache
 from .kv.segment import append_to_cache, reorder_cache
 from .model.handle import ModelHandle
-from .prompt import PromptPiece, layout_positions, split_prompt
+from .prompt import PromptPiece, RenderedPrompt, layout_positions, render_prompt, split_prompt
 
 __all__ = ["Answer", "ImageReuse", "PrefillStats", "ReusePolicy", "Session", "SessionConfig"]
 
@@ -152,17 +152,74 @@ class Session:
             raise StoreMismatchError(
                 f"encoder_store must be an EncoderStore, got {type(self.encoder_store).__name__}"
             )
-        self.messages: list[dict] = []  # chat messages; image items carry "image_index"
+        self.messages: list[dict] = []  # chat messages; image items carry "image_index", text items "item_id"
         self.images: list[_Image] = []
+        self.field_values: dict[str, str] = {}  # current value of each named field (see add_text, edit)
+        self._next_item_id = 0
         self.last_prefill = PrefillStats()  # what the latest ask / next_token_logits took
         self._reset_live()
 
     # ----------------------------------------------------------------------------------------- conversation
-    def add_text(self, text: str, role: str = "user") -> None:
-        """Append ``text`` to the conversation as ``role`` (joined to the last message if it has that role)."""
+    def add_text(
+        self,
+        text: str,
+        role: str = "user",
+        fields: dict[str, str] | None = None,
+        *,
+        new_message: bool = False,
+    ) -> None:
+        """Append ``text`` to the conversation as ``role`` (joined to the last message if it has that role,
+        unless ``new_message``).
+
+        ``fields`` names editable values: ``add_text("account_role: {role}", fields={"role": "admin"})`` renders
+        "account_role: admin", and ``edit("role", ...)`` changes it later. Each ``{name}`` must occur once in
+        ``text``, and a name once per session. Raises ``TypeError``/``ValueError`` (the session is unchanged).
+        """
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        self._append_item(role, {"type": "text", "text": text})
+        item = self._text_item(text, fields or {})
+        self._append_item(role, item, new_message=new_message)
+        self.field_values.update(item.get("fields", {}))
+
+    def add_segment(self, segment: KVSegment, seam: int = 1, role: str = "user") -> None:
+        """Append a precompiled text segment (``mmkv.text.precompile``) as ``role``'s text. Under ``reuse="kv"``
+        its cached KV is spliced, re-rotated to where it lands, with its first ``seam`` tokens recomputed in
+        context; where the rendered tokens differ from the segment's (another tokenisation at a joint, or an
+        edited field), or under another policy, the text is computed like any other."""
+        from .text.compose import TextSegment
+
+        if not isinstance(segment, TextSegment):
+            raise TypeError(
+                f"add_segment takes a TextSegment from mmkv.text.precompile, got {type(segment).__name__}"
+            )
+        if seam < 0:
+            raise ValueError(f"seam must be >= 0, got {seam}")
+        item = self._text_item(segment.template, dict(segment.fields))
+        item |= {"segment": segment, "seam": seam}
+        self._append_item(role, item)
+        self.field_values.update(item.get("fields", {}))
+
+    def _text_item(self, template: str, fields: dict[str, str]) -> dict:
+        """A text item (with a fresh ``item_id``), its fields checked and filled in."""
+        from .text.fields import fill_template, validate_fields
+
+        fields = validate_fields(template, fields)
+        taken = sorted(set(fields) & set(self.field_values))
+        if taken:
+            raise ValueError(f"field {taken[0]!r} already exists in this session; field names must be unique")
+        item = {"type": "text", "text": fill_template(template, fields)[0], "item_id": self._next_item_id}
+        if fields:
+            item |= {"template": template, "fields": fields}
+        self._next_item_id += 1
+        return item
+
+    def field_item(self, name: str) -> dict:
+        """The text item holding field ``name``; ``KeyError`` naming the known fields if there is none."""
+        for message in self.messages:
+            for item in message["content"]:
+                if name in item.get("fields", {}):
+                    return item
+        raise KeyError(f"no field {name!r} in this session; fields: {sorted(self.field_values)}")
 
     def add_image(self, image: ImageSource) -> ImageDigest:
         """Append an image (PIL image, path or bytes) to the current user message; returns its digest.
@@ -187,14 +244,17 @@ class Session:
             encoder_store=self.encoder_store,
             config=replace(self.config, **settings),
         )
-        other.messages = [dict(m, content=[dict(item) for item in m["content"]]) for m in self.messages]
+        other.messages = [dict(m, content=[_copy_item(item) for item in m["content"]]) for m in self.messages]
         other.images = list(self.images)
+        other.field_values = dict(self.field_values)
+        other._next_item_id = self._next_item_id
         return other
 
     def clear(self) -> None:
         """Forget the conversation and the live cache (the stores keep their entries)."""
         self.messages.clear()
         self.images.clear()
+        self.field_values.clear()
         self._reset_live()
 
     @torch.inference_mode()
@@ -238,12 +298,50 @@ class Session:
             raise
         return logits
 
+    def prefill(self) -> PrefillStats:
+        """Bring the live cache up to the conversation as it stands, with no question (e.g. while the user is
+        still typing, or before an edit). Returns what it took; nothing is computed when the cache is current."""
+        with torch.inference_mode():
+            rendered, order = self.render_prompt(None, add_generation_prompt=False)
+            n = int(rendered.token_ids.shape[0])
+            if n == 0:
+                return PrefillStats()
+            ids, positions, _ = self.layout(rendered, order)
+            if (
+                self.live_tokens == n
+                and torch.equal(self._live_ids, ids)
+                and torch.equal(self._live_positions, positions)
+            ):
+                return PrefillStats(prompt_tokens=n, reused=n)
+            try:
+                _, turn = self._prefill_conversation(None, add_generation_prompt=False)
+                self._commit_stores()
+            except BaseException:
+                self._reset_live()
+                raise
+            return turn
+
+    def edit(self, name: str, value: str, strategy: str = "suffix", **options):
+        """Change field ``name`` to ``value`` in the context by ``strategy``: "erratum", "in_place",
+        "selective" (options ``k``, ``rank``), "suffix" (exact) or "full"; returns an ``mmkv.text.EditReport``.
+        See ``mmkv.text.edit`` for what each does."""
+        from .text.edit import edit_field
+
+        return edit_field(self, name, value, strategy, **options)
+
     # ------------------------------------------------------------------------------------------- rendering
     def render(
         self, question: str | None = None, add_generation_prompt: bool = True
     ) -> tuple[torch.Tensor, list[int]]:
         """The prompt's token ids ``(L,)`` and the session indices of the images in it (after the window), with
         ``question`` joined to the conversation as the user's last words. Changes nothing."""
+        rendered, order = self.render_prompt(question, add_generation_prompt)
+        return rendered.token_ids, order
+
+    def render_prompt(
+        self, question: str | None = None, add_generation_prompt: bool = True
+    ) -> tuple[RenderedPrompt, list[int]]:
+        """``render``, as a ``RenderedPrompt`` (ids with the token spans of text items and field values)."""
         visible = self._visible_images()
         messages = []
         for message in self.messages:
@@ -256,28 +354,112 @@ class Session:
         if question is not None:
             item = {"type": "text", "text": question}
             if messages and messages[-1]["role"] == "user":
-                messages[-1]["content"].append(item)
+                messages[-1]["content"] = [*messages[-1]["content"], item]
             else:
                 messages.append({"role": "user", "content": [item]})
-        processor = self.model.processor
-        text = processor.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
         order = [item["image_index"] for m in messages for item in m["content"] if item["type"] == "image"]
         grids = torch.tensor([self.images[i].grid for i in order], dtype=torch.long).reshape(-1, 3)
-        text = processor.expand_image_pads(text, grids)
-        return torch.tensor(processor.encode_text(text), dtype=torch.long), order
+        return render_prompt(self.model.processor, messages, grids, add_generation_prompt), order
+
+    def layout(
+        self, rendered: RenderedPrompt, order: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[PromptPiece]]:
+        """``(ids (L,), positions (3, L), pieces)`` of a rendered prompt."""
+        grids = torch.tensor([self.images[i].grid for i in order], dtype=torch.long).reshape(-1, 3)
+        pieces = split_prompt(self.model, rendered.token_ids, grids)
+        return rendered.token_ids, torch.cat(layout_positions(self.model, pieces), dim=1), pieces
 
     def _visible_images(self) -> set[int]:
         window = self.config.window
         first = 0 if window is None else max(0, len(self.images) - window)
         return set(range(first, len(self.images)))
 
-    def _append_item(self, role: str, item: dict) -> None:
-        if self.messages and self.messages[-1]["role"] == role:
+    def _append_item(self, role: str, item: dict, new_message: bool = False) -> None:
+        if self.messages and self.messages[-1]["role"] == role and not new_message:
             self.messages[-1]["content"].append(item)
         else:
             self.messages.append({"role": role, "content": [item]})
 
     # --------------------------------------------------------------------------------------- live cache
+    def reset_live(self) -> None:
+        """Drop the live cache (the conversation stays; the next turn rebuilds what it needs)."""
+        self._reset_live()
+
+    def truncate_live(self, keep: int) -> None:
+        """Keep only the first ``keep`` entries of the live cache."""
+        self._truncate_live(min(keep, self.live_tokens))
+
+    def replace_tokens(
+        self,
+        rendered: RenderedPrompt,
+        order: list[int],
+        begin: int,
+        old_end: int,
+        new_end: int,
+        extra: Sequence[int] = (),
+    ) -> None:
+        """Make the live cache hold ``rendered`` by recomputing only tokens ``[begin, new_end)`` and the prompt
+        indices ``extra`` (all >= ``new_end``), in context; the live entries from ``old_end`` on are kept for the
+        tokens from ``new_end`` on, re-rotated by ``new_end - old_end`` (their content is not updated)."""
+        ids, positions, pieces = self.layout(rendered, order)
+        n_old = self.live_tokens
+        if int(ids.shape[0]) - new_end != n_old - old_end or not 0 <= begin <= min(new_end, old_end):
+            raise ValueError("replace_tokens: the spans do not match the live cache and the rendering")
+        downstream = None
+        if old_end < n_old:
+            downstream = segment_from_cache(
+                self._cache,
+                old_end,
+                self._live_ids[old_end:],
+                self._live_positions[:, old_end:],
+                self.model.layout,
+            )
+        crop_cache(self._cache, begin)
+        plan = _Plan()
+        if new_end > begin:
+            plan.compute(begin, new_end - begin)
+        cursor = new_end
+        for index in sorted(extra):
+            if index < new_end or index >= ids.shape[0]:
+                raise ValueError(
+                    f"replace_tokens: extra index {index} is outside [{new_end}, {ids.shape[0]})"
+                )
+            if index > cursor:
+                plan.splice(cursor, downstream.slice(cursor - new_end, index - new_end))
+            plan.compute(index, 1)
+            cursor = index + 1
+        if cursor < ids.shape[0]:
+            plan.splice(cursor, downstream.slice(cursor - new_end))
+        plan.features = self.pad_features(
+            pieces, order, [i for s, n in plan.computed for i in range(s, s + n)]
+        )
+        self._execute(plan, ids, positions, begin)
+        self._set_live(ids, positions, pieces)
+        self._commit_stores()
+
+    def pad_features(self, pieces: Sequence[PromptPiece], order: list[int], indices) -> list[ImageFeatures]:
+        """The vision outputs of the image pads among prompt ``indices``, in order (one record per image)."""
+        wanted = sorted(set(indices))
+        out, begin = [], 0
+        for piece in pieces:
+            if piece.kind == "image":
+                rows = [i - begin - 1 for i in wanted if begin < i < begin + piece.length - 1]
+                if rows:
+                    full = self._features(self.images[order[piece.image_index]])[0][0]
+                    index = torch.tensor(rows, device=full.embeds.device)
+                    out.append(ImageFeatures(full.embeds[index], tuple(d[index] for d in full.deepstack)))
+            begin += piece.length
+        return out
+
+    def _set_live(self, ids: torch.Tensor, positions: torch.Tensor, pieces: Sequence[PromptPiece]) -> None:
+        """Record that the live cache holds the prompt ``ids`` at ``positions``, cut into ``pieces``."""
+        self._live_ids, self._live_positions = ids.clone(), positions.clone()
+        self._live_pieces = []
+        begin = 0
+        for piece in pieces:
+            self._live_pieces.append(_LivePiece(piece.kind, begin, piece.token_ids))
+            begin += piece.length
+
     def _reset_live(self) -> None:
         self._pending_puts: list = []  # store writes of the turn in progress (see _commit_stores)
         self._turn_features: dict[str, list[ImageFeatures]] = {}  # vision outputs computed this turn
@@ -299,21 +481,38 @@ class Session:
         """Tokens whose KV is in the live cache."""
         return int(self._live_ids.shape[0])
 
-    def _prefill_conversation(self, question: str | None) -> tuple[torch.Tensor, PrefillStats]:
+    def _prefill_conversation(
+        self, question: str | None, add_generation_prompt: bool = True
+    ) -> tuple[torch.Tensor, PrefillStats]:
         started = time.perf_counter()
-        ids, order = self.render(question)
-        grids = torch.tensor([self.images[i].grid for i in order], dtype=torch.long).reshape(-1, 3)
-        pieces = split_prompt(self.model, ids, grids)
-        positions = torch.cat(layout_positions(self.model, pieces), dim=1)  # (3, L)
+        rendered, order = self.render_prompt(question, add_generation_prompt)
+        ids, positions, pieces = self.layout(rendered, order)
         keep = self._matching_prefix(ids, positions, pieces)
         turn = PrefillStats(prompt_tokens=int(ids.shape[0]), reused=keep)
         reusable_text = self._truncate_live(keep)
+        anchors = self._segment_anchors(rendered, keep)
         logits = self._fill(
-            pieces, order, ids, positions, keep, reusable_text, turn
+            pieces, order, ids, positions, keep, reusable_text, turn, anchors
         ).cpu()  # waits for the device
         turn.seconds = time.perf_counter() - started
         self.last_prefill = turn
         return logits, turn
+
+    def _segment_anchors(self, rendered: RenderedPrompt, keep: int) -> list[tuple[int, KVSegment, int]]:
+        """``(first index, segment, seam)`` of each precompiled segment (``add_segment``) to splice this turn:
+        under ``reuse="kv"``, past the kept prefix, and only where the prompt holds exactly its tokens."""
+        if self.config.reuse != "kv" or rendered.item_spans is None:
+            return []
+        anchors = []
+        for message in self.messages:
+            for item in message["content"]:
+                segment = item.get("segment")
+                if segment is None or item["item_id"] not in rendered.item_spans:
+                    continue
+                begin, end = rendered.item_spans[item["item_id"]]
+                if begin >= keep and torch.equal(rendered.token_ids[begin:end], segment.token_ids):
+                    anchors.append((begin, segment, item["seam"]))
+        return sorted(anchors, key=lambda a: a[0])
 
     def _matching_prefix(
         self, ids: torch.Tensor, positions: torch.Tensor, pieces: Sequence[PromptPiece]
@@ -354,7 +553,7 @@ class Session:
         self._live_pieces = [p for p in self._live_pieces if p.begin + p.length <= keep]
         return segments
 
-    def _fill(self, pieces, order, ids, positions, keep, reusable_text, turn) -> torch.Tensor:
+    def _fill(self, pieces, order, ids, positions, keep, reusable_text, turn, anchors=()) -> torch.Tensor:
         """Bring the live cache from ``keep`` tokens to the whole prompt in one forward call; returns the last
         token's logits.
 
@@ -374,6 +573,13 @@ class Session:
                 continue
             start = max(begin, keep)
             if piece.kind == "text":
+                for first, segment, seam in anchors:  # precompiled segments inside this run
+                    if start <= first and first + segment.length <= end:
+                        self._plan_text(plan, start, ids[start:first], reusable_text, is_last=False)
+                        self._plan_segment(
+                            plan, first, segment, seam, is_last=first + segment.length == ids.shape[0]
+                        )
+                        start = first + segment.length
                 self._plan_text(plan, start, ids[start:end], reusable_text, is_last=end == ids.shape[0])
             else:
                 self._plan_image(plan, start, piece, order[piece.image_index], ids[start:end], turn)
@@ -384,12 +590,7 @@ class Session:
         logits = self._execute(plan, ids, positions, keep)
         turn.prefilled = sum(length for _, length in plan.computed)
         turn.reused = int(ids.shape[0]) - turn.prefilled
-        self._live_ids, self._live_positions = ids.clone(), positions.clone()
-        self._live_pieces = []
-        begin = 0
-        for piece in pieces:
-            self._live_pieces.append(_LivePiece(piece.kind, begin, piece.token_ids))
-            begin += piece.length
+        self._set_live(ids, positions, pieces)
         for start, length, image in plan.to_store:
             self._pending_puts.append(
                 lambda start=start, length=length, image=image: self.store.put(
@@ -435,6 +636,19 @@ class Session:
             start, ids = start + match.length, ids[match.length :]
         if ids.shape[0]:
             plan.compute(start, int(ids.shape[0]))
+
+    @staticmethod
+    def _plan_segment(plan: _Plan, start: int, segment: KVSegment, seam: int, is_last: bool) -> None:
+        """Plan a precompiled text segment: its first ``seam`` tokens computed in context, the rest spliced
+        (the prompt's last token is always computed)."""
+        seam = min(seam, segment.length)
+        tail = 1 if is_last and seam < segment.length else 0
+        if seam:
+            plan.compute(start, seam)
+        if seam < segment.length - tail:
+            plan.splice(start + seam, segment.slice(seam, segment.length - tail))
+        if tail:
+            plan.compute(start + segment.length - 1, 1)
 
     def _plan_image(self, plan: _Plan, start: int, piece, index: int, piece_ids: torch.Tensor, turn) -> None:
         """Plan an image: splice its cached KV (kv hit; the first ``seam`` tokens computed in context from the
@@ -555,6 +769,14 @@ class Session:
                 last.token_ids = torch.cat([last.token_ids, ids])
             position += 1
         return generated
+
+
+def _copy_item(item: dict) -> dict:
+    """A copy of a message item that shares nothing mutable (its fields dict included)."""
+    copy = dict(item)
+    if "fields" in copy:
+        copy["fields"] = dict(copy["fields"])
+    return copy
 
 
 @dataclass

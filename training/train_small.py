@@ -40,9 +40,9 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 import mmkv
 from evals.tasks import (
     AGENTIC_POLICY,
-    CATEGORIES,
     COLOURS,
     SHAPES,
+    TRAINING_CATEGORIES,
     Sample,
     iter_samples,
     make_samples,
@@ -54,6 +54,8 @@ from mmkv.model.processor import VLProcessor
 from mmkv.model.templates import QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
 from mmkv.model.tiny import train_tokenizer
 
+# Share of each category in a batch: the agentic tasks are learnt fastest, so the rest get more of the data.
+MIX = {"perception": 0.25, "reasoning": 0.25, "trajectory": 0.25, "agentic": 0.15, "agentic_text": 0.10}
 OUT_NAMES = {"qwen3_vl": "small-qwen3-vl", "qwen2_5_vl": "small-qwen2.5-vl"}
 
 
@@ -61,7 +63,7 @@ def _corpus() -> list[str]:
     """Texts the tokenizer is trained on: everything the suite and the chat template can say."""
     words = [*COLOURS, *SHAPES, "yes", "no", "first", "second", "same", "admin", "viewer"]
     lines = [AGENTIC_POLICY.format(role=r) for r in ("admin", "viewer")]
-    for category in CATEGORIES:
+    for category in TRAINING_CATEGORIES:
         for sample in make_samples(category, 300, seed=123, split="train"):
             lines += [sample.question, sample.answer, *(t.text for t in sample.turns)]
     lines += ["system user assistant", "You are a helpful assistant.", " ".join(words)]
@@ -142,8 +144,11 @@ def encode_example(handle: ModelHandle, sample: Sample) -> dict[str, torch.Tenso
     answer = torch.tensor(handle.processor.encode_text(sample.answer + "<|im_end|>"), dtype=torch.long)
     ids = torch.cat([prompt, answer])
     labels = torch.cat([torch.full_like(prompt, -100), answer])
-    images = handle.processor.preprocess_images([session.images[i].pixels for i in order])
-    return {"ids": ids, "labels": labels, "pixel_values": images.pixel_values, "grid": images.image_grid_thw}
+    example = {"ids": ids, "labels": labels}
+    if order:  # text-only samples (the agentic task's text gate) have no pixels
+        images = handle.processor.preprocess_images([session.images[i].pixels for i in order])
+        example |= {"pixel_values": images.pixel_values, "grid": images.image_grid_thw}
+    return example
 
 
 def collate(handle: ModelHandle, batch: list[dict]) -> dict[str, torch.Tensor]:
@@ -156,14 +161,17 @@ def collate(handle: ModelHandle, batch: list[dict]) -> dict[str, torch.Tensor]:
     for row, b in enumerate(batch):
         n = int(b["ids"].shape[0])
         ids[row, :n], labels[row, :n], mask[row, :n] = b["ids"], b["labels"], 1
-    return {
+    inputs = {
         "input_ids": ids,
         "attention_mask": mask,
         "labels": labels,
         "mm_token_type_ids": (ids == handle.processor.image_token_id).int(),
-        "pixel_values": torch.cat([b["pixel_values"] for b in batch]),
-        "image_grid_thw": torch.cat([b["grid"] for b in batch]),
     }
+    with_images = [b for b in batch if "grid" in b]
+    if with_images:
+        inputs["pixel_values"] = torch.cat([b["pixel_values"] for b in with_images])
+        inputs["image_grid_thw"] = torch.cat([b["grid"] for b in with_images])
+    return inputs
 
 
 @torch.no_grad()
@@ -171,7 +179,7 @@ def heldout_accuracy(handle: ModelHandle, n: int, seed: int = 0) -> dict[str, fl
     """Accuracy per category under full recompute (``reuse="none"``), greedy answers."""
     handle.model.eval()
     out = {}
-    for category in CATEGORIES:
+    for category in TRAINING_CATEGORIES:
         samples = make_samples(category, n, seed=seed, split="heldout")
         correct = 0
         for sample in samples:
@@ -179,6 +187,20 @@ def heldout_accuracy(handle: ModelHandle, n: int, seed: int = 0) -> dict[str, fl
             correct += normalise_answer(answer.text) == normalise_answer(sample.answer)
         out[category] = correct / len(samples)
     return out
+
+
+def _snapshot(handle: ModelHandle, out: Path, step: int, losses: list[float], eval_n: int) -> None:
+    """Mid-run checkpoint with a quick held-out estimate, appended to ``out/progress.jsonl`` (to watch a long run
+    and keep something usable if it is stopped)."""
+    handle.model.eval()
+    accuracy = heldout_accuracy(handle, eval_n)
+    handle.model.train()
+    snapshot = ModelHandle.from_parts(handle.name, handle.model, handle.processor, handle.family)
+    snapshot.save(out)
+    line = {"step": step, "loss": sum(losses[-100:]) / len(losses[-100:]), "heldout_quick": accuracy}
+    with open(out / "progress.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+    tqdm.write(json.dumps(line))
 
 
 def train(
@@ -190,6 +212,7 @@ def train(
     eval_n: int,
     seed: int,
     init: Path | None = None,
+    checkpoint_every: int = 0,
 ) -> dict:
     """Train (from scratch, or on from the checkpoint ``init``), evaluate on the held-out split, save; returns
     the report written next to the checkpoint."""
@@ -203,12 +226,16 @@ def train(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
     )
     previous = json.loads((init / "training_report.json").read_text()) if init is not None else {}
-    streams = {c: iter_samples(c, seed + previous.get("total_steps", 0), "train") for c in CATEGORIES}
+    streams = {
+        c: iter_samples(c, seed + previous.get("total_steps", 0), "train") for c in TRAINING_CATEGORIES
+    }
+    categories, weights = zip(*MIX.items(), strict=True)
     rng = random.Random(seed)
     started, losses = time.time(), []
     progress = tqdm(range(steps), desc=f"train {family}")
     for step in progress:
-        batch = [encode_example(handle, next(streams[rng.choice(CATEGORIES)])) for _ in range(batch_size)]
+        drawn = rng.choices(categories, weights, k=batch_size)
+        batch = [encode_example(handle, next(streams[c])) for c in drawn]
         loss = model(**collate(handle, batch)).loss
         model.model.rope_deltas = None
         optimizer.zero_grad(set_to_none=True)
@@ -219,6 +246,8 @@ def train(
         losses.append(loss.item())
         if step % 25 == 0:
             progress.set_postfix(loss=f"{sum(losses[-25:]) / len(losses[-25:]):.3f}")
+        if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
+            _snapshot(handle, out, step + 1, losses, eval_n=30)
     train_seconds = time.time() - started
     model.eval()
     accuracy = heldout_accuracy(handle, eval_n)
@@ -260,13 +289,27 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="default: checkpoints/<small model name>")
     parser.add_argument("--init", type=Path, default=None, help="continue training this checkpoint directory")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        help="save and quick-evaluate every N steps (0: only at the end)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out_dir = args.out or Path(__file__).resolve().parents[1] / "checkpoints" / OUT_NAMES[args.family]
     print(
         json.dumps(
             train(
-                args.family, args.steps, args.batch_size, args.lr, out_dir, args.eval_n, args.seed, args.init
+                args.family,
+                args.steps,
+                args.batch_size,
+                args.lr,
+                out_dir,
+                args.eval_n,
+                args.seed,
+                args.init,
+                args.checkpoint_every,
             ),
             indent=1,
         )

@@ -59,12 +59,31 @@ def test_agentic_answers_follow_the_policy_and_the_badge():
     assert agentic_answer("admin", "alert", False) == "click(approve)"
     assert agentic_answer("viewer", "alert", True) == "escalate(ticket)"
     assert agentic_answer("viewer", "ok", True) == "click(submit)"
-    for sample in make_samples("agentic", 40):
+    updates = 0
+    for sample in make_samples("agentic", 60):
         role = "admin" if "account_role: admin" in sample.system else "viewer"
+        if len(sample.turns) == 2:  # an erratum overrides the policy's role
+            update = sample.turns[1]
+            assert update.role == "system" and update.text.startswith("[STATE UPDATE] account_role has just")
+            role = "admin" if "changed to admin;" in update.text else "viewer"
+            updates += 1
         pixels = np.asarray(sample.turns[0].images[0]).reshape(-1, 3)
         badge = "alert" if (pixels == COLOURS["red"]).all(1).any() else "ok"
         field_filled = bool((pixels == (40, 40, 40)).all(1).any())
         assert sample.answer == agentic_answer(role, badge, field_filled)
+    assert 5 < updates < 40
+
+
+def test_text_gated_agentic_samples_say_the_screen_in_words():
+    """``agentic_text`` (training only): the same policy, the screen described instead of shown."""
+    for sample in make_samples("agentic_text", 30):
+        assert sample.num_images == 0
+        text = sample.turns[0].text
+        role = "admin" if "account_role: admin" in sample.system else "viewer"
+        if len(sample.turns) == 2:
+            role = "admin" if "changed to admin;" in sample.turns[1].text else "viewer"
+        badge = "alert" if "a red status badge" in text else "ok"
+        assert sample.answer == agentic_answer(role, badge, "a filled form field" in text)
 
 
 def test_normalise_answer():
