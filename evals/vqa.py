@@ -391,7 +391,8 @@ def aggregate(records: Sequence[dict], resamples: int = 1000, seed: int = 0) -> 
     return table
 
 
-def _interval(e: dict, digits: int = 2, scale: float = 1.0) -> str:
+def format_interval(e: dict, digits: int = 2, scale: float = 1.0) -> str:
+    """`value [low, high]` of an estimate dict, scaled and rounded."""
     v, lo, hi = (scale * e[k] for k in ("value", "low", "high"))
     return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
@@ -408,8 +409,8 @@ def to_markdown(table: dict[str, dict[str, dict]]) -> str:
         for category, c in cells.items():
             shift = "" if c["min_abs_shift"] is None else f"{c['min_abs_shift']}-{c['max_abs_shift']}"
             lines.append(
-                f"| {arm} | {category} | {c['n']} | {_interval(c['accuracy'])} | {_interval(c['agreement'])} | "
-                f"{_interval(c['cosine'], 5)} | {_interval(c['ttft_s'], 1, 1e3)} | {_interval(c['speedup'])}x | "
+                f"| {arm} | {category} | {c['n']} | {format_interval(c['accuracy'])} | {format_interval(c['agreement'])} | "
+                f"{format_interval(c['cosine'], 5)} | {format_interval(c['ttft_s'], 1, 1e3)} | {format_interval(c['speedup'])}x | "
                 f"{shift} |"
             )
     return "\n".join(lines)
