@@ -24,8 +24,6 @@ call), first-token logit cosine with ``full``, fraction of the context recompute
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -41,6 +39,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mmkv  # noqa: E402
+from evals.report import bootstrap, default_out, format_interval, save_figure, write_results  # noqa: E402
 from evals.tasks import (  # noqa: E402
     AGENTIC_FIELD,
     AGENTIC_POLICY,
@@ -49,7 +48,6 @@ from evals.tasks import (  # noqa: E402
     iter_samples,
     normalise_answer,
 )
-from evals.vqa import bootstrap, format_interval  # noqa: E402
 
 __all__ = ["ARM_NAMES", "GATES", "aggregate", "edit_samples", "run", "score_sample", "to_markdown"]
 
@@ -203,11 +201,7 @@ def plot(table: dict[str, dict[str, dict]], path: str | Path, title: str = "") -
     right.bar(range(len(arms)), [table[a]["all"]["fraction"]["value"] for a in arms], color="tab:gray")
     right.set_xticks(range(len(arms)), arms, rotation=30, ha="right")
     right.set_ylabel("fraction of context recomputed")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title)
 
 
 def run(
@@ -232,11 +226,7 @@ def run(
         raise ValueError(f"unknown gates {sorted(bad_gates)}; choose from {sorted(GATES)}")
     arms = ARM_NAMES if arms is None else tuple(a for a in ARM_NAMES if a == "full" or a in arms)
     work = [(gate, sample, role) for gate in gates for sample, role in edit_samples(gate, n, seed)]
-    out = (
-        Path(out)
-        if out is not None
-        else Path("runs") / f"edit-{re.sub(r'[^A-Za-z0-9._-]+', '_', Path(name).name)}"
-    )
+    out = Path(out) if out is not None else default_out("edit", name)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with torch.inference_mode():
@@ -262,13 +252,12 @@ def run(
         "records": records,
         "aggregate": table,
     }
-    (out / "results.json").write_text(json.dumps(results, indent=1))
     header = (
         f"# Edit eval: {name}\n\n{len(work)} samples (red badge: the edit flips the call), strategies against "
         f"`full`, k = {k}; bootstrap 95% intervals in brackets.\n\n"
     )
-    (out / "results.md").write_text(header + to_markdown(table) + "\n")
-    plot(table, out / "results.png", title=f"{name}: field edit, {len(work)} samples")
+    title = f"{name}: field edit, {len(work)} samples"
+    write_results(out, results, header, to_markdown(table), lambda p: plot(table, p, title=title))
     return results
 
 

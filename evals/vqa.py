@@ -39,8 +39,6 @@ Writes ``results.json`` (per-sample records and the aggregate), ``results.md`` (
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import statistics
 import sys
 import time
@@ -58,6 +56,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mmkv  # noqa: E402
+from evals.report import Estimate, bootstrap, default_out, format_interval, save_figure, write_results  # noqa: E402
 from evals.tasks import (  # noqa: E402
     CATEGORIES,
     Sample,
@@ -111,15 +110,6 @@ class Arm:
     name: str  # one of ARM_NAMES
     config: mmkv.SessionConfig  # the measured session's settings
     warm: WarmKind  # "none": no warm pass; "same": a pass over the same sample; "shifted": over a filler context
-
-
-@dataclass(frozen=True)
-class Estimate:
-    """A statistic with its bootstrap interval."""
-
-    value: float  # the statistic on all records
-    low: float  # 2.5th percentile of the bootstrap distribution
-    high: float  # 97.5th percentile
 
 
 def make_arms(seam: int = 1) -> dict[str, Arm]:
@@ -308,34 +298,6 @@ def score_sample(
 
 
 # --------------------------------------------------------------------------------------------- aggregation
-def bootstrap(
-    columns: Sequence[np.ndarray],
-    statistic: Callable[..., np.ndarray],
-    resamples: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
-) -> Estimate:
-    """``statistic`` of the paired ``columns`` (equal-length 1-D arrays) with a percentile bootstrap interval.
-
-    ``statistic`` reduces the last axis: it gets the columns as given for the point value and as ``(resamples,
-    n)`` arrays of the same rows resampled with replacement (one row index set for all columns) for the
-    interval. Seeded: the same inputs give the same interval. Raises ``ValueError`` on empty columns.
-
-    >>> bootstrap([np.array([1.0, 0.0, 1.0, 1.0])], lambda x: x.mean(-1)).value
-    0.75
-    """
-    n = len(columns[0])
-    if n == 0 or any(len(c) != n for c in columns):
-        raise ValueError(
-            f"bootstrap needs equal-length non-empty columns, got lengths {[len(c) for c in columns]}"
-        )
-    value = float(statistic(*columns))
-    rows = np.random.default_rng(seed).integers(0, n, size=(resamples, n))  # (R, n)
-    stats = statistic(*(np.asarray(c)[rows] for c in columns))  # (R,)
-    low, high = np.percentile(stats, [50 * (1 - level), 50 * (1 + level)])
-    return Estimate(value, float(low), float(high))
-
-
 def _mean(x: np.ndarray) -> np.ndarray:
     return x.mean(-1)
 
@@ -391,12 +353,6 @@ def aggregate(records: Sequence[dict], resamples: int = 1000, seed: int = 0) -> 
     return table
 
 
-def format_interval(e: dict, digits: int = 2, scale: float = 1.0) -> str:
-    """`value [low, high]` of an estimate dict, scaled and rounded."""
-    v, lo, hi = (scale * e[k] for k in ("value", "low", "high"))
-    return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-
-
 def to_markdown(table: dict[str, dict[str, dict]]) -> str:
     """The aggregate as a Markdown table, one row per arm and category, intervals in brackets; ``shift`` is the
     range of distances (positions) between where spliced images were cached and where they were placed."""
@@ -441,18 +397,10 @@ def plot(table: dict[str, dict[str, dict]], path: str | Path, title: str = "") -
             ax.axhline(1.0, color="grey", linewidth=0.8)
         else:
             ax.set_ylim(0, 1.05)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, title)
 
 
 # --------------------------------------------------------------------------------------------------- runs
-def _default_out(model: str) -> Path:
-    return Path("runs") / f"vqa-{re.sub(r'[^A-Za-z0-9._-]+', '_', Path(model).name or model)}"
-
-
 def run(
     model: str | mmkv.ModelHandle = "tiny-qwen3-vl",
     n: int = 200,
@@ -485,7 +433,7 @@ def run(
         samples += load_jsonl(jsonl)
     if not samples:
         raise ValueError("no samples to evaluate: name --categories or give --jsonl")
-    out = Path(out) if out is not None else _default_out(name)
+    out = Path(out) if out is not None else default_out("vqa", name)
     out.mkdir(parents=True, exist_ok=True)
 
     started = time.perf_counter()
@@ -516,13 +464,17 @@ def run(
         "records": records,
         "aggregate": table,
     }
-    (out / "results.json").write_text(json.dumps(results, indent=1))
     header = (
         f"# VQA eval: {name}\n\n{len(samples)} samples, arms against full recompute (`none`), seam {seam}, "
         f"{handle.device} {handle.dtype}; bootstrap 95% intervals in brackets.\n\n"
     )
-    (out / "results.md").write_text(header + to_markdown(table) + "\n")
-    plot(table, out / "results.png", title=f"{name}: {len(samples)} samples")
+    write_results(
+        out,
+        results,
+        header,
+        to_markdown(table),
+        lambda p: plot(table, p, title=f"{name}: {len(samples)} samples"),
+    )
     return results
 
 

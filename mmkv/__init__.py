@@ -3,9 +3,10 @@
 model = mmkv.load("tiny-qwen3-vl")            # or "qwen3-vl-8b", a hub id, a local directory
 seg = mmkv.prefill_span(model, ids, positions).segment
 moved = seg.moved_to(seg.start + 161)         # exact M-RoPE re-rotation
+skill = mmkv.text.precompile(model, "Skill: ...")  # text segments; Session.edit changes a field in place
 """
 
-from . import mrope
+from . import mrope, text
 from .errors import (
     EmptyImageError,
     ImageError,
@@ -50,4 +51,5 @@ __all__ = [
     "new_cache",
     "prefill_span",
     "segments_to_cache",
+    "text",
 ]

@@ -5,18 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from evals.edit import ANSWER, ARM_NAMES, aggregate, build_parser, edit_samples, run
 from evals.tasks import agentic_answer
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from evals.tasks import make_samples
@@ -21,15 +20,6 @@ from evals.vqa import (
 )
 
 CATEGORIES = ["perception", "agentic"]  # no image repeats within a sample: kv at the same positions is exact
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and timings stay sane on a shared CPU; restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,14 @@ def _changed_entries(before: mmkv.KVSegment, after: mmkv.KVSegment) -> set[int]:
     return set(differs.any(dim=4).any(dim=2).any(dim=1).any(dim=0).nonzero().flatten().tolist())
 
 
+def _prefilled(handle, role: str):
+    """A prefilled session, its live cache before any edit, and the field's token span."""
+    session = _session(handle, role)
+    session.prefill()
+    rendered, _ = session.render_prompt(None, add_generation_prompt=False)
+    return session, session.live_segment(), rendered.field_spans["role"]
+
+
 def _reference_logits(handle, role: str) -> torch.Tensor:
     return _session(handle, role, reuse="none").next_token_logits(QUESTION)
 
@@ -106,11 +114,7 @@ def test_erratum_text_and_role_are_configurable(tiny):
 
 def test_in_place_changes_exactly_the_field_tokens(tiny):
     old, new = _same_length_values(tiny)
-    session = _session(tiny, old)
-    session.prefill()
-    before = session.live_segment()
-    rendered, _ = session.render_prompt(None, add_generation_prompt=False)
-    begin, end = rendered.field_spans["role"]
+    session, before, (begin, end) = _prefilled(tiny, old)
     report = session.edit("role", new, "in_place")
     after = session.live_segment()
     assert _changed_entries(before, after) == set(range(begin, end))
@@ -125,11 +129,7 @@ def test_in_place_changes_exactly_the_field_tokens(tiny):
 
 
 def test_in_place_with_another_token_count_rerotates_what_follows(tiny):
-    session = _session(tiny, "admin")
-    session.prefill()
-    before = session.live_segment()
-    rendered, _ = session.render_prompt(None, add_generation_prompt=False)
-    _, old_end = rendered.field_spans["role"]
+    session, before, (_, old_end) = _prefilled(tiny, "admin")
     session.edit("role", "verified_external_auditor", "in_place")
     after = session.live_segment()
     delta = after.length - before.length
@@ -144,11 +144,7 @@ def test_in_place_with_another_token_count_rerotates_what_follows(tiny):
 @pytest.mark.parametrize("rank", ["attention", "deviation"])
 def test_selective_recomputes_exactly_the_field_and_k_tokens(tiny, rank):
     old, new = _same_length_values(tiny)
-    session = _session(tiny, old)
-    session.prefill()
-    before = session.live_segment()
-    rendered, _ = session.render_prompt(None, add_generation_prompt=False)
-    begin, end = rendered.field_spans["role"]
+    session, before, (begin, end) = _prefilled(tiny, old)
     report = session.edit("role", new, "selective", k=5, rank=rank)
     assert len(report.selected) == 5 and all(i >= end for i in report.selected)
     assert report.recomputed == end - begin + 5

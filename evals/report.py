@@ -1,0 +1,82 @@
+"""What the evals share: bootstrap intervals, their formatting, and writing a run's JSON, Markdown and figure."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["Estimate", "bootstrap", "default_out", "format_interval", "save_figure", "write_results"]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A statistic with its bootstrap interval."""
+
+    value: float  # the statistic on all records
+    low: float  # 2.5th percentile of the bootstrap distribution
+    high: float  # 97.5th percentile
+
+
+def bootstrap(
+    columns: Sequence[np.ndarray],
+    statistic: Callable[..., np.ndarray],
+    resamples: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> Estimate:
+    """``statistic`` of the paired ``columns`` (equal-length 1-D arrays) with a percentile bootstrap interval.
+
+    ``statistic`` reduces the last axis: it gets the columns as given for the point value and as ``(resamples,
+    n)`` arrays of the same rows resampled with replacement (one row index set for all columns) for the
+    interval. Seeded: the same inputs give the same interval. Raises ``ValueError`` on empty columns.
+
+    >>> bootstrap([np.array([1.0, 0.0, 1.0, 1.0])], lambda x: x.mean(-1)).value
+    0.75
+    """
+    n = len(columns[0])
+    if n == 0 or any(len(c) != n for c in columns):
+        raise ValueError(
+            f"bootstrap needs equal-length non-empty columns, got lengths {[len(c) for c in columns]}"
+        )
+    value = float(statistic(*columns))
+    rows = np.random.default_rng(seed).integers(0, n, size=(resamples, n))  # (R, n)
+    stats = statistic(*(np.asarray(c)[rows] for c in columns))  # (R,)
+    low, high = np.percentile(stats, [50 * (1 - level), 50 * (1 + level)])
+    return Estimate(value, float(low), float(high))
+
+
+def format_interval(e: dict, digits: int = 2, scale: float = 1.0) -> str:
+    """`value [low, high]` of an estimate dict, scaled and rounded."""
+    v, lo, hi = (scale * e[k] for k in ("value", "low", "high"))
+    return f"{v:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def default_out(kind: str, model: str) -> Path:
+    """``runs/<kind>-<model name>``, the name made safe for a path."""
+    return Path("runs") / f"{kind}-{re.sub(r'[^A-Za-z0-9._-]+', '_', Path(model).name or model)}"
+
+
+def write_results(
+    out: Path, results: dict, header: str, markdown: str, figure: Callable[[Path], None]
+) -> None:
+    """Write ``results.json`` (``results``), ``results.md`` (``header`` + ``markdown``) and ``results.png``
+    (drawn by ``figure(path)``) into ``out``."""
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.md").write_text(header + markdown + "\n")
+    figure(out / "results.png")
+
+
+def save_figure(fig, path: str | Path, title: str = "") -> None:
+    """Title, lay out, save as a PNG and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
