@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mmkv
-from evals.tasks import CATEGORIES, iter_samples, sample_session
+from evals.tasks import TRAINING_CATEGORIES, iter_samples, sample_session
 from mmkv.model.registry import SHIPPED, SHIPPED_DIR
 from training.train_small import build_model, collate, encode_example
 
@@ -43,11 +43,14 @@ def test_shipped_checkpoint_loads_by_name_and_round_trips(name, tmp_path):
 
 
 def test_a_training_step_lowers_the_loss_on_its_batch():
-    """Two optimiser steps on one batch of every category lower that batch's answer-only loss."""
+    """Two optimiser steps on one batch of every category (a text-only one included) lower that batch's
+    answer-only loss."""
     handle = build_model("qwen3_vl")
     model = handle.model.train()
-    batch = [encode_example(handle, next(iter_samples(c, 5, "train"))) for c in CATEGORIES]
+    batch = [encode_example(handle, next(iter_samples(c, 5, "train"))) for c in TRAINING_CATEGORIES]
+    assert "pixel_values" not in batch[-1]  # agentic_text: the gate said in words
     inputs = collate(handle, batch)
+    assert int(inputs["image_grid_thw"].shape[0]) == sum(int(b["grid"].shape[0]) for b in batch[:-1])
     assert int((inputs["labels"] != -100).sum()) == sum(int((b["labels"] != -100).sum()) for b in batch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-3)
     losses = []
