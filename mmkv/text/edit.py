@@ -94,7 +94,11 @@ def edit_field(
     started = time.perf_counter()
     if strategy == "erratum":
         session.add_text(erratum_line(name, value, erratum), role=erratum_role, new_message=True)
-        stats = session.prefill()
+        try:
+            stats = session.prefill()
+        except BaseException:
+            session.messages.pop()  # the erratum's own message: the conversation is as it was
+            raise
         session.field_values[name] = value
         return EditReport(
             name, old, value, strategy, stats.prefilled, session.live_tokens, time.perf_counter() - started
