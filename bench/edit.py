@@ -1,0 +1,116 @@
+"""Cost of each field-edit strategy (``mmkv.text.edit``) in one long context, measured side by side.
+
+The context is an agent's: a policy with an editable field near the start, then ``--shots`` screenshots with a
+line of text each (the field is early, so everything after it is most of the context: the case the cheap
+strategies exist for). Per strategy: tokens recomputed, fraction of the context, edit time (median of
+``--repeats``) and its ratio to ``full``. Each strategy starts from a freshly prefilled session (not timed).
+
+Run::
+
+    python bench/edit.py                                            # tiny-qwen3-vl on the CPU
+    python bench/edit.py --arch qwen2.5-vl-7b --lm-layers 4 --vision-layers 2 --shots 3
+    python bench/edit.py --arch qwen3-vl-8b --device cuda --dtype bfloat16 --shots 6
+
+Times are wall-clock and machine-dependent; the ratios are what to read. Random weights are fine here: cost
+does not depend on what the model decides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import mmkv  # noqa: E402
+from bench.session import _handle  # noqa: E402
+from mmkv.synthetic import synthetic_screenshot  # noqa: E402
+from mmkv.text import STRATEGIES  # noqa: E402
+
+POLICY = (
+    "Policy. account_role: {role}. If the status badge is red: an admin answers click(approve), anyone else "
+    "answers escalate(ticket). If the badge is green: answer click(submit) when the form field is filled, "
+    "else fill(field)."
+)
+ARMS = [(s, {}) for s in STRATEGIES if s != "selective"] + [
+    ("selective", {"k": 8, "rank": "attention"}),
+    ("selective", {"k": 8, "rank": "deviation"}),
+]
+
+
+def _context(handle: mmkv.ModelHandle, shots: int, size: int) -> mmkv.Session:
+    session = mmkv.Session(handle, reuse="none")
+    session.add_text(POLICY, role="system", fields={"role": "admin"})
+    for i in range(shots):
+        session.add_image(synthetic_screenshot(i, (size, size * 3 // 4)))
+        session.add_text(f"Screen {i + 1}: the dialog is open and waiting.")
+    session.prefill()
+    return session
+
+
+def run(handle: mmkv.ModelHandle, shots: int, size: int, repeats: int) -> list[dict]:
+    """One row per strategy: name, tokens recomputed, context tokens, fraction and median edit seconds."""
+    _context(handle, 1, 224).edit("role", "viewer", "full")  # warm-up, discarded
+    rows = []
+    for strategy, options in ARMS:
+        reports = []
+        for _ in range(repeats):
+            session = _context(handle, shots, size)
+            if handle.device.type == "cuda":
+                torch.cuda.synchronize()
+            reports.append(session.edit("role", "viewer", strategy, **options))
+        name = strategy if strategy != "selective" else f"selective k={options['k']} ({options['rank']})"
+        rows.append(
+            {
+                "strategy": name,
+                "recomputed": reports[0].recomputed,
+                "context_tokens": reports[0].context_tokens,
+                "fraction": reports[0].fraction,
+                "edit_s": statistics.median(r.seconds for r in reports),
+            }
+        )
+    full = next(r["edit_s"] for r in rows if r["strategy"] == "full")
+    for row in rows:
+        row["vs_full"] = row["edit_s"] / full
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="tiny-qwen3-vl", help="a name mmkv.load understands")
+    parser.add_argument("--arch", default=None, help="random weights of a released model's size")
+    parser.add_argument("--lm-layers", type=int, default=None)
+    parser.add_argument("--vision-layers", type=int, default=None)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-pixels", type=int, default=None)
+    parser.add_argument("--shots", type=int, default=3, help="screenshots after the policy")
+    parser.add_argument("--size", type=int, default=448, help="screenshot width in pixels")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="also write the rows to this file")
+    args = parser.parse_args()
+    handle = _handle(args)
+    rows = run(handle, args.shots, args.size, args.repeats)
+    full = next(r for r in rows if r["strategy"] == "full")
+    print(f"{args.arch or args.model}: context of {full['context_tokens']} tokens, field near the start")
+    print("| strategy | tokens recomputed | fraction | edit ms | vs full |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['strategy']} | {r['recomputed']} | {r['fraction']:.3f} | {1e3 * r['edit_s']:.1f} | "
+            f"{r['vs_full']:.2f} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
