@@ -16,6 +16,11 @@ The session holds the conversation (messages whose image items point into its li
    together under an attention mask that lets each see exactly what precedes it in the prompt; the cache is
    then put back in prompt order. The answer is decoded greedily.
 
+Text takes part too: ``add_text(..., fields=...)`` declares editable values that ``edit`` changes in the live
+cache by one of the strategies of ``mmkv.text.edit``, and ``add_segment`` splices a precompiled text segment
+(``mmkv.text.precompile``) like a cached image. ``prefill`` brings the cache up to the conversation without a
+question.
+
 Splicing KV computed after another prefix is an approximation (position-independent caching); the eval
 measures it. Re-rotation itself is exact.
 """
