@@ -45,6 +45,7 @@ from evals.tasks import (  # noqa: E402
     AGENTIC_POLICY,
     AGENTIC_QUESTION,
     Sample,
+    add_turns,
     iter_samples,
     normalise_answer,
 )
@@ -75,11 +76,7 @@ def _session(handle: mmkv.ModelHandle, sample: Sample, role: str) -> mmkv.Sessio
     session.add_text(
         AGENTIC_POLICY.replace("{role}", "{" + AGENTIC_FIELD + "}"), "system", {AGENTIC_FIELD: role}
     )
-    for turn in sample.turns:
-        for image in turn.images:
-            session.add_image(image)
-        if turn.text:
-            session.add_text(turn.text, role=turn.role)
+    add_turns(session, sample)
     session.prefill()
     return session
 

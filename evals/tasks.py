@@ -31,6 +31,7 @@ __all__ = [
     "CATEGORIES",
     "Sample",
     "Turn",
+    "add_turns",
     "load_jsonl",
     "make_samples",
     "normalise_answer",
@@ -292,12 +293,17 @@ def sample_session(handle, sample: Sample, **session_kwargs):
     session = mmkv.Session(handle, **session_kwargs)
     if sample.system:
         session.add_text(sample.system, role="system")
+    add_turns(session, sample)
+    return session
+
+
+def add_turns(session, sample: Sample) -> None:
+    """Append ``sample``'s turns (images, then text, each turn as its role) to ``session``."""
     for turn in sample.turns:
         for image in turn.images:
             session.add_image(image)
         if turn.text:
             session.add_text(turn.text, role=turn.role)
-    return session
 
 
 def normalise_answer(text: str) -> str:

@@ -33,11 +33,11 @@ class RenderedPrompt:
     text: str  # the rendered text (image pads expanded)
     item_spans: dict[int, tuple[int, int]] | None  # text item "item_id" -> [begin, end) token span
     field_spans: dict[str, tuple[int, int]] | None  # field name -> [begin, end) token span of its value
-    # (both None when the chat template rewrites message text, so spans cannot be traced)
+    # (both None when not traced, or when the chat template rewrites message text so spans cannot be traced)
 
 
 def render_prompt(
-    processor, messages: list[dict], grids: torch.Tensor, add_generation_prompt: bool
+    processor, messages: list[dict], grids: torch.Tensor, add_generation_prompt: bool, trace: bool = True
 ) -> RenderedPrompt:
     """Render ``messages`` (text items ``{"type": "text", "text", ["item_id", "template", "fields"]}``, image
     items ``{"type": "image"}``) with ``processor``'s chat template, expand the image pads for ``grids`` and
@@ -45,6 +45,7 @@ def render_prompt(
 
     Spans are found by rendering with a private-use marker in place of each text item and substituting the
     text afterwards; if that differs from a direct rendering (a template that rewrites text), spans are None.
+    ``trace=False`` skips that second rendering (spans None): the ids alone, as cheap as a plain rendering.
     """
     marked, direct, items = [], [], []
     for message in messages:
@@ -60,6 +61,8 @@ def render_prompt(
         marked.append({"role": message["role"], "content": marked_content})
         direct.append({"role": message["role"], "content": direct_content})
     text = processor.expand_image_pads(processor.apply_chat_template(direct, add_generation_prompt), grids)
+    if not trace:
+        return RenderedPrompt(torch.tensor(processor.encode_text(text), dtype=torch.long), text, None, None)
     template = processor.expand_image_pads(
         processor.apply_chat_template(marked, add_generation_prompt), grids
     )

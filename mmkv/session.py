@@ -307,7 +307,7 @@ class Session:
         """Bring the live cache up to the conversation as it stands, with no question (e.g. while the user is
         still typing, or before an edit). Returns what it took; nothing is computed when the cache is current."""
         with torch.inference_mode():
-            rendered, order = self.render_prompt(None, add_generation_prompt=False)
+            rendered, order = self.render_prompt(None, add_generation_prompt=False, trace=False)
             n = int(rendered.token_ids.shape[0])
             if n == 0:
                 return PrefillStats()
@@ -340,13 +340,14 @@ class Session:
     ) -> tuple[torch.Tensor, list[int]]:
         """The prompt's token ids ``(L,)`` and the session indices of the images in it (after the window), with
         ``question`` joined to the conversation as the user's last words. Changes nothing."""
-        rendered, order = self.render_prompt(question, add_generation_prompt)
+        rendered, order = self.render_prompt(question, add_generation_prompt, trace=False)
         return rendered.token_ids, order
 
     def render_prompt(
-        self, question: str | None = None, add_generation_prompt: bool = True
+        self, question: str | None = None, add_generation_prompt: bool = True, trace: bool = True
     ) -> tuple[RenderedPrompt, list[int]]:
-        """``render``, as a ``RenderedPrompt`` (ids with the token spans of text items and field values)."""
+        """``render``, as a ``RenderedPrompt`` (ids with the token spans of text items and field values; without
+        them, at the cost of a plain rendering, when not ``trace``)."""
         visible = self._visible_images()
         messages = []
         for message in self.messages:
@@ -364,7 +365,7 @@ class Session:
                 messages.append({"role": "user", "content": [item]})
         order = [item["image_index"] for m in messages for item in m["content"] if item["type"] == "image"]
         grids = torch.tensor([self.images[i].grid for i in order], dtype=torch.long).reshape(-1, 3)
-        return render_prompt(self.model.processor, messages, grids, add_generation_prompt), order
+        return render_prompt(self.model.processor, messages, grids, add_generation_prompt, trace), order
 
     def layout(
         self, rendered: RenderedPrompt, order: list[int]
@@ -490,7 +491,7 @@ class Session:
         self, question: str | None, add_generation_prompt: bool = True
     ) -> tuple[torch.Tensor, PrefillStats]:
         started = time.perf_counter()
-        rendered, order = self.render_prompt(question, add_generation_prompt)
+        rendered, order = self.render_prompt(question, add_generation_prompt, trace=self._has_segments())
         ids, positions, pieces = self.layout(rendered, order)
         keep = self._matching_prefix(ids, positions, pieces)
         turn = PrefillStats(prompt_tokens=int(ids.shape[0]), reused=keep)
@@ -503,10 +504,16 @@ class Session:
         self.last_prefill = turn
         return logits, turn
 
+    def _has_segments(self) -> bool:
+        """Whether this turn may splice precompiled text segments (and so needs the prompt's item spans)."""
+        return self.config.reuse == "kv" and any(
+            "segment" in item for message in self.messages for item in message["content"]
+        )
+
     def _segment_anchors(self, rendered: RenderedPrompt, keep: int) -> list[tuple[int, KVSegment, int]]:
         """``(first index, segment, seam)`` of each precompiled segment (``add_segment``) to splice this turn:
         under ``reuse="kv"``, past the kept prefix, and only where the prompt holds exactly its tokens."""
-        if self.config.reuse != "kv" or rendered.item_spans is None:
+        if not self._has_segments() or rendered.item_spans is None:
             return []
         anchors = []
         for message in self.messages:

@@ -38,11 +38,6 @@ class TextSegment(KVSegment):
         """The text the segment encodes (fields filled in)."""
         return fill_template(self.template, dict(self.fields))[0]
 
-    def plain(self) -> KVSegment:
-        """The same KV as a plain ``KVSegment`` (what the store holds)."""
-        base = {f.name: getattr(self, f.name) for f in dataclass_fields(KVSegment)}
-        return KVSegment(**base)
-
 
 def canonical_preamble(model: ModelHandle, role: str = "user") -> str:
     """The chat-template text that precedes the first message's text when that message is ``role``'s: e.g.

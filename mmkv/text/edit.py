@@ -142,14 +142,17 @@ def _changed_span(before, after, name: str) -> tuple[int, int, int]:
     old_ids, new_ids = before.token_ids, after.token_ids
     (old_b, old_e), (new_b, new_e) = before.field_spans[name], after.field_spans[name]
     limit = min(len(old_ids), len(new_ids))
-    same = (old_ids[:limit] == new_ids[:limit]).int()
-    prefix = limit if bool(same.all()) else int((same == 0).nonzero()[0])
-    suffix = 0
-    while suffix < limit - prefix and int(old_ids[-1 - suffix]) == int(new_ids[-1 - suffix]):
-        suffix += 1
+    prefix = _common_length(old_ids[:limit], new_ids[:limit])
+    suffix = _common_length(old_ids.flip(0)[: limit - prefix], new_ids.flip(0)[: limit - prefix])
     begin = min(old_b, new_b, prefix)
     tail = min(len(old_ids) - old_e, len(new_ids) - new_e, suffix)
     return begin, len(old_ids) - tail, len(new_ids) - tail
+
+
+def _common_length(a: torch.Tensor, b: torch.Tensor) -> int:
+    """Length of the common prefix of two equal-length id tensors."""
+    differs = (a != b).nonzero()
+    return int(differs[0]) if differs.numel() else int(a.shape[0])
 
 
 @contextlib.contextmanager
