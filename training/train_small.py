@@ -11,6 +11,12 @@ Run::
     python training/train_small.py --family qwen3_vl --steps 3000          # -> checkpoints/small-qwen3-vl
     python training/train_small.py --family qwen2_5_vl --steps 3000        # -> checkpoints/small-qwen2.5-vl
     python training/train_small.py --family qwen3_vl --steps 50 --out /tmp/smoke --eval-n 10   # smoke run
+    python training/train_small.py --family qwen3_vl --init checkpoints/small-qwen3-vl --out /tmp/more \
+        --steps 20000 --max-minutes 120 --target 0.9 --checkpoint-every 1000 --lr 1e-3   # continue, bounded
+
+``--max-minutes`` bounds the run in time: the cosine schedule advances by whichever of the step and the time
+fraction is further along, so a time-bounded run still ends at a low learning rate. ``--target`` stops at the
+first snapshot whose quick held-out estimate reaches it in every category.
 """
 
 from __future__ import annotations
@@ -189,18 +195,38 @@ def heldout_accuracy(handle: ModelHandle, n: int, seed: int = 0) -> dict[str, fl
     return out
 
 
-def _snapshot(handle: ModelHandle, out: Path, step: int, losses: list[float], eval_n: int) -> None:
+def _snapshot(
+    handle: ModelHandle, out: Path, step: int, losses: list[float], eval_n: int, seconds: float
+) -> dict[str, float]:
     """Mid-run checkpoint with a quick held-out estimate, appended to ``out/progress.jsonl`` (to watch a long run
-    and keep something usable if it is stopped)."""
+    and keep something usable if it is stopped). Returns the estimate."""
     handle.model.eval()
     accuracy = heldout_accuracy(handle, eval_n)
     handle.model.train()
     snapshot = ModelHandle.from_parts(handle.name, handle.model, handle.processor, handle.family)
     snapshot.save(out)
-    line = {"step": step, "loss": sum(losses[-100:]) / len(losses[-100:]), "heldout_quick": accuracy}
+    line = {
+        "step": step,
+        "seconds": round(seconds, 1),
+        "loss": sum(losses[-100:]) / len(losses[-100:]),
+        "heldout_quick": accuracy,
+    }
     with open(out / "progress.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(line) + "\n")
     tqdm.write(json.dumps(line))
+    return accuracy
+
+
+def schedule_progress(step: int, steps: int, elapsed_s: float, max_seconds: float | None) -> float:
+    """How far along the run is, in [0, 1]: the step fraction, or the time fraction when that is further.
+
+    >>> schedule_progress(50, 100, 30.0, 60.0), schedule_progress(50, 100, 45.0, 60.0)
+    (0.5, 0.75)
+    """
+    fraction = step / steps
+    if max_seconds:
+        fraction = max(fraction, elapsed_s / max_seconds)
+    return min(1.0, fraction)
 
 
 def train(
@@ -213,17 +239,41 @@ def train(
     seed: int,
     init: Path | None = None,
     checkpoint_every: int = 0,
+    *,
+    device: str = "cpu",
+    max_minutes: float | None = None,
+    target: float | None = None,
+    snapshot_n: int = 30,
 ) -> dict:
     """Train (from scratch, or on from the checkpoint ``init``), evaluate on the held-out split, save; returns
-    the report written next to the checkpoint."""
+    the report written next to the checkpoint.
+
+    Stops after ``steps`` steps, after ``max_minutes`` (the schedule is time-aware, see ``schedule_progress``),
+    or at the first snapshot (every ``checkpoint_every`` steps) whose quick estimate on ``snapshot_n`` held-out
+    samples per category reaches ``target`` in every category."""
     torch.manual_seed(seed)
-    handle = build_model(family, seed) if init is None else mmkv.load(init, device="cpu")
+    if init is None:
+        handle = build_model(family, seed)
+        model = handle.model.to(device)
+        handle = ModelHandle.from_parts(handle.name, model, handle.processor, handle.family)
+    else:
+        handle = mmkv.load(init, device=device)
     model = handle.model.train()
     params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, steps // 30)
+    max_seconds = None if max_minutes is None else 60.0 * max_minutes
+    clock = {"started": time.time()}
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps)))
+        optimizer,
+        lambda s: (
+            min(1.0, (s + 1) / warmup)
+            * 0.5
+            * (
+                1
+                + math.cos(math.pi * schedule_progress(s, steps, time.time() - clock["started"], max_seconds))
+            )
+        ),
     )
     previous = json.loads((init / "training_report.json").read_text()) if init is not None else {}
     streams = {
@@ -231,12 +281,15 @@ def train(
     }
     categories, weights = zip(*MIX.items(), strict=True)
     rng = random.Random(seed)
-    started, losses = time.time(), []
+    started, losses, stopped_by = time.time(), [], "steps"
+    clock["started"] = started
     progress = tqdm(range(steps), desc=f"train {family}")
+    done = 0
     for step in progress:
         drawn = rng.choices(categories, weights, k=batch_size)
         batch = [encode_example(handle, next(streams[c])) for c in drawn]
-        loss = model(**collate(handle, batch)).loss
+        inputs = {name: tensor.to(device) for name, tensor in collate(handle, batch).items()}
+        loss = model(**inputs).loss
         model.model.rope_deltas = None
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -246,8 +299,16 @@ def train(
         losses.append(loss.item())
         if step % 25 == 0:
             progress.set_postfix(loss=f"{sum(losses[-25:]) / len(losses[-25:]):.3f}")
-        if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
-            _snapshot(handle, out, step + 1, losses, eval_n=30)
+        done = step + 1
+        elapsed = time.time() - started
+        if max_seconds is not None and elapsed >= max_seconds:
+            stopped_by = "time"
+            break
+        if checkpoint_every and done % checkpoint_every == 0 and done < steps:
+            quick = _snapshot(handle, out, done, losses, snapshot_n, elapsed)
+            if target is not None and min(quick.values()) >= target:
+                stopped_by = "target"
+                break
     train_seconds = time.time() - started
     model.eval()
     accuracy = heldout_accuracy(handle, eval_n)
@@ -258,7 +319,8 @@ def train(
     report = {
         "family": family,
         "params": params,
-        "steps": steps,
+        "steps": done,
+        "stopped_by": stopped_by,  # "steps", "time" (max_minutes) or "target"
         "batch_size": batch_size,
         "lr": lr,
         "seed": seed,
@@ -267,9 +329,9 @@ def train(
         "heldout_accuracy": accuracy,
         "heldout_n_per_category": eval_n,
         "weights_bytes": sum(f.stat().st_size for f in out.glob("*.safetensors")),
-        "total_steps": previous.get("total_steps", 0) + steps,  # over every --init continuation
+        "total_steps": previous.get("total_steps", 0) + done,  # over every --init continuation
         "total_train_seconds": round(previous.get("total_train_seconds", 0) + train_seconds, 1),
-        "history": [*previous.get("history", []), {"steps": steps, "lr": lr, "heldout_accuracy": accuracy}],
+        "history": [*previous.get("history", []), {"steps": done, "lr": lr, "heldout_accuracy": accuracy}],
     }
     (out / "training_report.json").write_text(json.dumps(report, indent=1))
     return report
@@ -295,6 +357,14 @@ if __name__ == "__main__":
         default=0,
         help="save and quick-evaluate every N steps (0: only at the end)",
     )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument(
+        "--max-minutes", type=float, default=None, help="stop (and decay the lr) by this time"
+    )
+    parser.add_argument("--target", type=float, default=None, help="stop once every category reaches this")
+    parser.add_argument(
+        "--snapshot-n", type=int, default=30, help="held-out samples per category per snapshot"
+    )
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out_dir = args.out or Path(__file__).resolve().parents[1] / "checkpoints" / OUT_NAMES[args.family]
@@ -310,6 +380,10 @@ if __name__ == "__main__":
                 args.seed,
                 args.init,
                 args.checkpoint_every,
+                device=args.device,
+                max_minutes=args.max_minutes,
+                target=args.target,
+                snapshot_n=args.snapshot_n,
             ),
             indent=1,
         )
