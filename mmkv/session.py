@@ -206,7 +206,7 @@ class Session:
 
     def _text_item(self, template: str, fields: dict[str, str]) -> dict:
         """A text item (with a fresh ``item_id``), its fields checked and filled in."""
-        from .text.fields import fill_template, validate_fields
+        from .prompt.fields import fill_template, validate_fields
 
         fields = validate_fields(template, fields)
         taken = sorted(set(fields) & set(self.field_values))

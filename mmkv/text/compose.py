@@ -18,7 +18,7 @@ from ..kv.prefill import prefill_span
 from ..kv.segment import KVSegment
 from ..kv.spans import text_span
 from ..model.handle import ModelHandle
-from .fields import fill_template, validate_fields
+from ..prompt.fields import fill_template, validate_fields
 
 __all__ = ["TextSegment", "canonical_preamble", "precompile"]
 

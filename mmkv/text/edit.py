@@ -32,8 +32,8 @@ from ..compat import cache_argument_name, crop_cache
 from ..errors import UnsupportedInputError
 from ..kv.prefill import prefill_span
 from ..kv.segment import segment_from_cache
+from ..prompt.fields import fill_template
 from .erratum import DEFAULT_ERRATUM, erratum_line
-from .fields import fill_template
 
 if TYPE_CHECKING:
     from ..session import Session
