@@ -98,7 +98,7 @@ def score_sample(
             )
         logits = session.next_token_logits(AGENTIC_QUESTION)
         answer = normalise_answer(session.ask(AGENTIC_QUESTION, max_new_tokens=8).text)
-        results[arm] = (answer, logits, report, session.live_tokens)
+        results[arm] = (answer, logits, report, session.live.num_tokens)
     reference_answer, reference_logits = results["full"][0], results["full"][1]
     records = []
     for arm in arms:

@@ -135,7 +135,7 @@ def test_window_rebuild_prefills_only_new_tokens_and_equals_splicing_by_hand(tin
     session.add_text("Step two:")
     session.add_image(b)
     session.next_token_logits("Next?")  # turn 2: everything is prefilled, B is stored
-    old = session.live_segment()
+    old = session.live.segment()
     session.add_text("Next?")
     session.add_text("click(next)", role="assistant")
     session.add_text("Step three:")
@@ -269,7 +269,7 @@ def test_fork_copies_the_conversation_not_the_cache(tiny):
     session.add_image(image)
     logits = session.next_token_logits("What is it?")
     cold = session.fork(reuse="none")
-    assert cold.config.reuse == "none" and cold.live_tokens == 0
+    assert cold.config.reuse == "none" and cold.live.num_tokens == 0
     assert torch.equal(cold.render("What is it?")[0], session.render("What is it?")[0])
     assert _max_abs(cold.next_token_logits("What is it?"), logits) <= 1e-5
     cold.add_text("more")

@@ -1,6 +1,6 @@
 """The image stores: a byte-bounded memory tier over an optional persistent disk tier, keyed by model and digest.
 
-``ImageKVStore`` keeps the language-model KV of images (``KVSegment``), ``EncoderStore`` the vision-tower
+``KVStore`` (alias ``ImageKVStore``) keeps language-model KV (``KVSegment``: images, precompiled text), ``EncoderStore`` the vision-tower
 outputs (``list[ImageFeatures]``); both are one generic ``TieredStore`` with a different ``StoreCodec``. A
 lookup tries the memory tier (live objects on the model's device), then the disk tier (records in the
 ``mmkv.cache.codec`` format, decoded on the handle's device and promoted to memory). Every key is
@@ -25,6 +25,7 @@ from .tiers import DiskTier, MemoryTier
 __all__ = [
     "EncoderStore",
     "ImageKVStore",
+    "KVStore",
     "StoreCodec",
     "StoreStats",
     "StoreTier",
@@ -161,7 +162,7 @@ class TieredStore(Generic[V]):
 
 def _check_segment(segment: KVSegment, digest: str) -> KVSegment:
     if not isinstance(segment, KVSegment):
-        raise TypeError(f"ImageKVStore holds KVSegment values, got {type(segment).__name__}")
+        raise TypeError(f"KVStore holds KVSegment values, got {type(segment).__name__}")
     if segment.digest != digest:
         raise ValueError(
             f"segment digest {segment.digest!r} differs from the key {digest!r}; "
@@ -201,8 +202,9 @@ _FEATURES_CODEC: StoreCodec[list[ImageFeatures]] = StoreCodec(
 )
 
 
-class ImageKVStore(TieredStore[KVSegment]):
-    """Language-model KV of images (``KVSegment``, digest equal to the key) per model and image digest.
+class KVStore(TieredStore[KVSegment]):
+    """Language-model KV segments (``KVSegment``, digest equal to the key) per model and content digest: images
+    (``image_digest``) and precompiled text (``text_digest``). ``ImageKVStore`` is the same class.
 
     ``get(digest, handle) -> KVSegment | None``, ``lookup`` (value and tier), ``put(digest, segment, handle)``,
     ``contains``, ``stats``, ``clear``: see ``TieredStore``. Segments come back at the positions they were stored at (``moved_to`` them).
@@ -211,10 +213,13 @@ class ImageKVStore(TieredStore[KVSegment]):
     codec = _SEGMENT_CODEC
 
 
+ImageKVStore = KVStore  # the name it had while it held images only
+
+
 class EncoderStore(TieredStore[list[ImageFeatures]]):
     """Vision-tower outputs (``list[ImageFeatures]``, usually one) per model and image digest.
 
-    Same methods as ``ImageKVStore``; ``get`` returns a fresh list of the held (immutable) features.
+    Same methods as ``KVStore``; ``get`` returns a fresh list of the held (immutable) features.
     """
 
     codec = _FEATURES_CODEC

@@ -31,9 +31,12 @@ __all__ = ["PrefillResult", "new_cache", "prefill_span"]
 class PrefillResult:
     """What one prefill produced."""
 
-    segment: KVSegment  # the span's own KV, ids and positions
+    segment: KVSegment | None  # the span's own KV, ids and positions (None when not kept: keep_segment=False)
     logits: torch.Tensor  # (vocab,) float32 logits after the span's last token
     cache: DynamicCache  # the context cache, now extended by the span
+    attentions: tuple[torch.Tensor, ...] | None = (
+        None  # per layer (1, heads, L, K) weights, with attentions=True
+    )
 
 
 def new_cache(handle: ModelHandle) -> DynamicCache:
@@ -53,6 +56,8 @@ def prefill_span(
     kind: SegmentKind | None = None,
     digest: str = "",
     attention_mask: torch.Tensor | None = None,
+    keep_segment: bool = True,
+    attentions: bool = False,
 ) -> PrefillResult:
     """Prefill ``token_ids`` (``(L,)``) at ``position_ids`` (``(3, L)``) after the KV already in ``context``.
 
@@ -61,8 +66,10 @@ def prefill_span(
     in order.
     ``attention_mask``: an optional ``(1, 1, L, context + L)`` additive float mask (0 = attend) replacing the
     causal one, for spans whose context holds entries that come later in the prompt.
-    ``kind`` defaults to "image" when the span has image pads. Raises ``ValueError`` on shape mismatches or
-    when pads are given no features.
+    ``kind`` defaults to "image" when the span has image pads. ``keep_segment=False`` skips copying the span's
+    own KV out of the cache (``segment`` is then None: decode steps and plan execution need only the cache).
+    ``attentions=True`` runs the call with eager attention (the only implementation that returns weights) and
+    returns them. Raises ``ValueError`` on shape mismatches or when pads are given no features.
     """
     token_ids = token_ids.reshape(-1).long()
     length = token_ids.shape[0]
@@ -91,10 +98,22 @@ def prefill_span(
     if images is not None:
         kwargs["pixel_values"] = images.pixel_values.to(device, handle.dtype)
         kwargs["image_grid_thw"] = images.image_grid_thw.to(device)
-    if features:
-        out = forward_with_encoder_outputs(handle.model, join_features(handle, features), **kwargs)
-    else:
-        out = handle.model(**kwargs)
-    kind = kind or ("image" if num_pads else "text")
-    segment = segment_from_cache(cache, begin, token_ids, position_ids, handle.layout, kind, digest)
-    return PrefillResult(segment=segment, logits=out.logits[0, -1].float(), cache=cache)
+    saved = None
+    if attentions:
+        kwargs["output_attentions"] = True
+        saved = handle.model.config.get_text_config()._attn_implementation
+        handle.model.set_attn_implementation("eager")
+    try:
+        if features:
+            out = forward_with_encoder_outputs(handle.model, join_features(handle, features), **kwargs)
+        else:
+            out = handle.model(**kwargs)
+    finally:
+        if saved is not None:
+            handle.model.set_attn_implementation(saved)
+    segment = None
+    if keep_segment:
+        kind = kind or ("image" if num_pads else "text")
+        segment = segment_from_cache(cache, begin, token_ids, position_ids, handle.layout, kind, digest)
+    weights = tuple(out.attentions) if attentions else None
+    return PrefillResult(segment=segment, logits=out.logits[0, -1].float(), cache=cache, attentions=weights)

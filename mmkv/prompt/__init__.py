@@ -1,17 +1,16 @@
 """Prompts: a conversation rendered by the model's own chat template, cut into pieces and laid out in position
-space; named ``{field}`` placeholders and the token spans of their values."""
+space, with the token spans of its text items and field values."""
 
-from .fields import FIELD_NAME, fill_template, validate_fields
-from .layout import PromptPiece, layout_positions, split_prompt
+from .layout import PromptLayout, PromptPiece, SegmentAnchor, lay_out, layout_positions, split_prompt
 from .render import RenderedPrompt, render_prompt
 
 __all__ = [
-    "FIELD_NAME",
+    "PromptLayout",
     "PromptPiece",
     "RenderedPrompt",
-    "fill_template",
+    "SegmentAnchor",
+    "lay_out",
     "layout_positions",
     "render_prompt",
     "split_prompt",
-    "validate_fields",
 ]

@@ -1,8 +1,17 @@
-"""Cutting a rendered prompt into the pieces mmkv caches, and laying them out in M-RoPE position space.
+"""A turn's prompt as mmkv works on it: ``PromptLayout`` (ids, positions, pieces, spans), built once per turn.
 
-``split_prompt`` cuts token ids into ``PromptPiece`` s: an image piece is ``<|vision_start|>`` + its pads +
-``<|vision_end|>`` (the unit whose KV is cached); everything else is text. ``layout_positions`` gives each
-piece its M-RoPE positions, which equal the model's ``get_rope_index``.
+``lay_out`` renders a ``Conversation`` (the images outside the window left out, the question joined to the
+user's last message) with the model's own chat template, cuts the ids into ``PromptPiece`` s and gives them
+their M-RoPE positions. An image piece is ``<|vision_start|>`` + its pads + ``<|vision_end|>`` (the unit whose
+KV is cached); everything else is text. Positions equal the model's ``get_rope_index``. Example, a text run of
+3 tokens, a 2x3 image and one more token (Qwen2.5-VL-style, merge 2)::
+
+    pieces     text [0, 3)          image [3, 11)                         text [11, 12)
+    positions  T 0 1 2 | 3  4 4 4 4 4 4  7 | 8
+               H 0 1 2 | 3  4 4 4 5 5 5  7 | 8
+               W 0 1 2 | 3  4 5 6 4 5 6  7 | 8
+
+(the image's markers are text positions; the image takes ``max(h', w') = 3`` slots, so the end marker is at 7).
 """
 
 from __future__ import annotations
@@ -13,10 +22,15 @@ from typing import Literal
 
 import torch
 
+from ..conversation import Conversation, ImageItem, Message, TextItem, grids_tensor
+from ..kv.segment import KVSegment
 from ..kv.spans import image_span, text_span
 from ..model.handle import ModelHandle
+from .render import render_prompt
 
-__all__ = ["PromptPiece", "layout_positions", "split_prompt"]
+__all__ = ["PromptLayout", "PromptPiece", "SegmentAnchor", "lay_out", "layout_positions", "split_prompt"]
+
+QUESTION_ITEM_ID = -1  # item_id of the question joined to the prompt (its span is traced like any text)
 
 
 @dataclass(frozen=True, eq=False)
@@ -27,11 +41,17 @@ class PromptPiece:
     token_ids: torch.Tensor  # (L,) long
     image_index: int | None  # which image of the prompt (0-based), for image pieces
     grid_thw: tuple[int, int, int] | None  # the image's vision grid, for image pieces
+    begin: int = 0  # prompt index of its first token
 
     @property
     def length(self) -> int:
         """Tokens in the piece."""
         return int(self.token_ids.shape[0])
+
+    @property
+    def end(self) -> int:
+        """Prompt index after its last token."""
+        return self.begin + self.length
 
 
 def split_prompt(
@@ -59,13 +79,13 @@ def split_prompt(
                 f"image {image_index}: expected {num_pads} pads between the vision markers (grid {grid})"
             )
         if start > cursor:
-            pieces.append(PromptPiece("text", ids[cursor:start], None, None))
-        pieces.append(PromptPiece("image", ids[start : end + 1], image_index, grid))
+            pieces.append(PromptPiece("text", ids[cursor:start], None, None, cursor))
+        pieces.append(PromptPiece("image", ids[start : end + 1], image_index, grid, start))
         cursor, image_index = end + 1, image_index + 1
     if image_index != len(grids):
         raise ValueError(f"the prompt has {image_index} images but {len(grids)} grids were given")
     if cursor < len(ids):
-        pieces.append(PromptPiece("text", ids[cursor:], None, None))
+        pieces.append(PromptPiece("text", ids[cursor:], None, None, cursor))
     return pieces
 
 
@@ -83,3 +103,101 @@ def layout_positions(
             position += piece.length
         positions.append(pos)
     return positions
+
+
+@dataclass(frozen=True)
+class SegmentAnchor:
+    """A precompiled text segment whose exact tokens the prompt holds (so its KV can be spliced there)."""
+
+    begin: int  # prompt index of its first token
+    segment: KVSegment  # the precompiled KV (positions as compiled)
+    seam: int  # leading tokens to recompute in context
+
+    @property
+    def end(self) -> int:
+        """Prompt index after its last token."""
+        return self.begin + self.segment.length
+
+
+@dataclass(frozen=True, eq=False)
+class PromptLayout:
+    """One turn's prompt: what ``lay_out`` made of a conversation. Immutable."""
+
+    token_ids: torch.Tensor  # (L,) long, exactly the processor's ids
+    positions: torch.Tensor  # (3, L) long M-RoPE position ids
+    pieces: tuple[PromptPiece, ...]  # text runs and images, in order, tiling [0, L)
+    image_order: tuple[int, ...]  # conversation image index of each prompt image, in prompt order
+    item_spans: dict[int, tuple[int, int]] | None  # text item_id -> token span (None when not traced)
+    field_spans: dict[str, tuple[int, int]] | None  # field name -> token span of its value (None likewise)
+    segments: tuple[
+        SegmentAnchor, ...
+    ] = ()  # precompiled segments placed in the prompt (traced layouts only)
+
+    def __post_init__(self) -> None:
+        n = int(self.token_ids.shape[0])
+        assert self.positions.shape == (3, n), "positions must be (3, L)"
+        assert sum(p.length for p in self.pieces) == n, "pieces must tile the prompt"
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the prompt."""
+        return int(self.token_ids.shape[0])
+
+    def image_of(self, piece: PromptPiece) -> int:
+        """The conversation image index of an image piece."""
+        assert piece.kind == "image" and piece.image_index is not None
+        return self.image_order[piece.image_index]
+
+
+def lay_out(
+    handle: ModelHandle,
+    conversation: Conversation,
+    *,
+    question: str | None = None,
+    add_generation_prompt: bool = True,
+    window: int | None = None,
+    trace: bool = False,
+) -> PromptLayout:
+    """The layout of ``conversation`` as the model sees it this turn: only the last ``window`` images, and
+    ``question`` (if given) joined to the last message when it is the user's, else as a new user message.
+    ``trace`` also finds the token spans of text items and fields, and where precompiled segments sit.
+    Changes nothing."""
+    visible = set(conversation.visible_images(window))
+    messages = [
+        Message(m.role, tuple(i for i in m.items if not isinstance(i, ImageItem) or i.image_index in visible))
+        for m in conversation.messages
+    ]
+    if question is not None:
+        item = TextItem(question, QUESTION_ITEM_ID)
+        if messages and messages[-1].role == "user":
+            messages[-1] = Message("user", (*messages[-1].items, item))
+        else:
+            messages.append(Message("user", (item,)))
+    order = tuple(i.image_index for m in messages for i in m.items if isinstance(i, ImageItem))
+    grids = grids_tensor(conversation.images, list(order))  # (N, 3), computed once per turn
+    rendered = render_prompt(handle.processor, messages, grids, add_generation_prompt, trace)
+    pieces = tuple(split_prompt(handle, rendered.token_ids, grids))
+    positions = (
+        torch.cat(layout_positions(handle, pieces), dim=1) if pieces else torch.zeros(3, 0, dtype=torch.long)
+    )
+    anchors: list[SegmentAnchor] = []
+    if rendered.item_spans is not None:
+        for message in messages:
+            for item in message.items:
+                if (
+                    isinstance(item, TextItem)
+                    and item.segment is not None
+                    and item.item_id in rendered.item_spans
+                ):
+                    begin, end = rendered.item_spans[item.item_id]
+                    if torch.equal(rendered.token_ids[begin:end], item.segment.token_ids):
+                        anchors.append(SegmentAnchor(begin, item.segment, item.seam))
+    return PromptLayout(
+        rendered.token_ids,
+        positions,
+        pieces,
+        order,
+        rendered.item_spans,
+        rendered.field_spans,
+        tuple(sorted(anchors, key=lambda a: a.begin)),
+    )

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from .fields import fill_template
+from ..conversation import Message, TextItem
+from ..fields import fill_template
 
 __all__ = ["RenderedPrompt", "render_prompt"]
 
@@ -33,11 +35,15 @@ class RenderedPrompt:
 
 
 def render_prompt(
-    processor, messages: list[dict], grids: torch.Tensor, add_generation_prompt: bool, trace: bool = True
+    processor,
+    messages: Sequence[Message],
+    grids: torch.Tensor,
+    add_generation_prompt: bool,
+    trace: bool = True,
 ) -> RenderedPrompt:
-    """Render ``messages`` (text items ``{"type": "text", "text", ["item_id", "template", "fields"]}``, image
-    items ``{"type": "image"}``) with ``processor``'s chat template, expand the image pads for ``grids`` and
-    tokenise; the token spans of text items that carry an ``item_id`` and of their fields' values come along.
+    """Render ``messages`` with ``processor``'s chat template, expand the image pads for ``grids`` (one row per
+    image item, in order) and tokenise; with ``trace``, the token spans of every text item (by ``item_id``) and
+    of its fields' values come along. Changes nothing.
 
     Spans are found by rendering with a private-use marker in place of each text item and substituting the
     text afterwards; if that differs from a direct rendering (a template that rewrites text), spans are None.
@@ -46,16 +52,16 @@ def render_prompt(
     marked, direct, items = [], [], []
     for message in messages:
         marked_content, direct_content = [], []
-        for item in message["content"]:
-            if item["type"] == "text":
+        for item in message.items:
+            if isinstance(item, TextItem):
                 marked_content.append({"type": "text", "text": f"\ue000{len(items)}\ue001"})
-                direct_content.append({"type": "text", "text": item["text"]})
+                direct_content.append({"type": "text", "text": item.text})
                 items.append(item)
             else:
-                marked_content.append({"type": item["type"]})
-                direct_content.append({"type": item["type"]})
-        marked.append({"role": message["role"], "content": marked_content})
-        direct.append({"role": message["role"], "content": direct_content})
+                marked_content.append({"type": "image"})
+                direct_content.append({"type": "image"})
+        marked.append({"role": message.role, "content": marked_content})
+        direct.append({"role": message.role, "content": direct_content})
     text = processor.expand_image_pads(processor.apply_chat_template(direct, add_generation_prompt), grids)
     if not trace:
         return RenderedPrompt(torch.tensor(processor.encode_text(text), dtype=torch.long), text, None, None)
@@ -68,13 +74,12 @@ def render_prompt(
         literal = template[cursor : match.start()]
         parts.append(literal)
         length += len(literal)
-        body = item["text"]
-        if "item_id" in item:
-            char_items[item["item_id"]] = (length, length + len(body))
-            if item.get("fields"):
-                _, spans = fill_template(item["template"], item["fields"])
-                for name, (b, e) in spans.items():
-                    char_fields[name] = (length + b, length + e)
+        body = item.text
+        char_items[item.item_id] = (length, length + len(body))
+        if item.fields:
+            _, spans = fill_template(item.template, item.field_map)
+            for name, (b, e) in spans.items():
+                char_fields[name] = (length + b, length + e)
         parts.append(body)
         length += len(body)
         cursor = match.end()

@@ -1,7 +1,7 @@
 """Text on the same segment machinery as images: named fields edited in place (five strategies) and
 precompiled text segments spliced anywhere."""
 
-from ..prompt.fields import fill_template, validate_fields
+from ..fields import fill_template, validate_fields
 from .compose import TextSegment, canonical_preamble, precompile
 from .edit import RANKINGS, STRATEGIES, EditReport, edit_field
 from .erratum import DEFAULT_ERRATUM, erratum_line

@@ -14,11 +14,11 @@ from dataclasses import fields as dataclass_fields
 
 from ..cache.digest import text_digest
 from ..cache.store import ImageKVStore
+from ..fields import fill_template, validate_fields
 from ..kv.prefill import prefill_span
 from ..kv.segment import KVSegment
 from ..kv.spans import text_span
 from ..model.handle import ModelHandle
-from ..prompt.fields import fill_template, validate_fields
 
 __all__ = ["TextSegment", "canonical_preamble", "precompile"]
 

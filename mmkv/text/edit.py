@@ -16,29 +16,35 @@ first:
 - ``full``: recompute the whole context (the reference).
 
 Every strategy reports the tokens it recomputed, their fraction of the context, and the time taken.
+
+The strategies work on an ``EditTarget`` (a ``Session`` is one): a conversation, a live cache, a layout, and
+the two cache-building calls ``prefill`` and ``replace_span``. Every cache-building path goes through
+``mmkv.kv.prefill_span``: the attention ranking's one-token probe too (with ``attentions=True``; the cache is
+cropped back to what it held), and the deviation ranking's two-layer recompute (over a scratch cache).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import torch
 from transformers import DynamicCache
 
-from ..compat import cache_argument_name, crop_cache
+from ..compat import crop_cache
+from ..conversation import Conversation
 from ..errors import UnsupportedInputError
 from ..kv.prefill import prefill_span
-from ..kv.segment import segment_from_cache
-from ..prompt.fields import fill_template
+from ..kv.vision import ImageFeatures
+from ..model.handle import ModelHandle
+from ..prompt.layout import PromptLayout
+from ..runtime.execute import attention_mask
+from ..runtime.live import LiveCache
 from .erratum import DEFAULT_ERRATUM, erratum_line
 
-if TYPE_CHECKING:
-    from ..session import Session
-
-__all__ = ["RANKINGS", "STRATEGIES", "EditReport", "edit_field"]
+__all__ = ["RANKINGS", "STRATEGIES", "EditReport", "EditTarget", "edit_field"]
 
 Strategy = Literal["erratum", "in_place", "selective", "suffix", "full"]
 STRATEGIES: tuple[str, ...] = ("erratum", "in_place", "selective", "suffix", "full")
@@ -64,8 +70,28 @@ class EditReport:
         return self.recomputed / max(1, self.context_tokens)
 
 
+class EditTarget(Protocol):
+    """What an edit needs of its session: ``mmkv.Session`` implements it."""
+
+    model: ModelHandle
+    live: LiveCache  # the KV held now
+    conversation: Conversation  # what was said (fields included)
+
+    def prompt_layout(
+        self, question: str | None = None, add_generation_prompt: bool = True, trace: bool = False
+    ) -> PromptLayout: ...
+
+    def prefill(self, reuse: str | None = None): ...  # bring the live cache up to the conversation
+
+    def replace_span(
+        self, layout: PromptLayout, begin: int, old_end: int, new_end: int, extra: Sequence[int] = ()
+    ) -> None: ...  # recompute [begin, new_end) and extra, keep the rest re-rotated
+
+    def pad_features(self, layout: PromptLayout, indices: Sequence[int]) -> list[ImageFeatures]: ...
+
+
 def edit_field(
-    session: Session,
+    target: EditTarget,
     name: str,
     value: str,
     strategy: Strategy = "suffix",
@@ -75,68 +101,76 @@ def edit_field(
     erratum: str = DEFAULT_ERRATUM,
     erratum_role: str = "system",
 ) -> EditReport:
-    """Change field ``name`` of ``session`` to ``value`` by ``strategy`` (see the module docstring).
+    """Change field ``name`` of ``target`` to ``value`` by ``strategy`` (see the module docstring).
 
     The live cache is first brought up to the conversation as it stands (not timed). Raises ``ValueError`` /
-    ``KeyError`` / ``TypeError`` for a bad strategy, field or value, with the session unchanged.
+    ``KeyError`` / ``TypeError`` for a bad strategy, field or value, with the conversation unchanged; on a
+    failure during the edit the conversation is put back and the live cache dropped.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown edit strategy {strategy!r}; choose from {STRATEGIES}")
     if rank not in RANKINGS:
         raise ValueError(f"unknown ranking {rank!r}; choose from {RANKINGS}")
-    if k < 0:
-        raise ValueError(f"k must be >= 0, got {k}")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an int >= 0, got {k!r}")
     if not isinstance(value, str) or not value:
         raise TypeError(f"field {name!r}: the new value must be a non-empty str")
-    item = session.field_item(name)
-    old = session.field_values[name]
-    session.prefill()
+    conversation = target.conversation
+    conversation.field_item(name)  # KeyError naming the known fields
+    old = conversation.field_values[name]
+    target.prefill()
+    state = conversation.snapshot()
     started = time.perf_counter()
-    if strategy == "erratum":
-        session.add_text(erratum_line(name, value, erratum), role=erratum_role, new_message=True)
-        try:
-            stats = session.prefill()
-        except BaseException:
-            session.messages.pop()  # the erratum's own message: the conversation is as it was
-            raise
-        session.field_values[name] = value
-        return EditReport(
-            name, old, value, strategy, stats.prefilled, session.live_tokens, time.perf_counter() - started
-        )
-
-    before, _ = session.render_prompt(None, add_generation_prompt=False)
-    previous = (item["fields"][name], item["text"])
-    item["fields"][name] = value
-    item["text"] = fill_template(item["template"], item["fields"])[0]
     try:
-        after, order = session.render_prompt(None, add_generation_prompt=False)
+        if strategy == "erratum":
+            conversation.add_text(erratum_line(name, value, erratum), role=erratum_role, new_message=True)
+            stats = target.prefill()
+            conversation.note_field_value(name, value)
+            return EditReport(
+                name,
+                old,
+                value,
+                strategy,
+                stats.prefilled,
+                target.live.num_tokens,
+                time.perf_counter() - started,
+            )
+        before = target.prompt_layout(None, add_generation_prompt=False, trace=True)
+        conversation.set_field(name, value)
+        after = target.prompt_layout(None, add_generation_prompt=False, trace=True)
         if before.field_spans is None or after.field_spans is None:
             raise UnsupportedInputError(
                 "this chat template rewrites message text, so fields cannot be located"
             )
         begin, old_end, new_end = _changed_span(before, after, name)
         with torch.inference_mode():
+            selected: tuple[int, ...] = ()
             if strategy in ("full", "suffix"):
-                recomputed = _recompute_from(session, 0 if strategy == "full" else begin)
-                selected: tuple[int, ...] = ()
+                recomputed = _recompute_from(target, 0 if strategy == "full" else begin)
             else:
                 extra = []
                 if strategy == "selective" and k:
                     ranker = _rank_by_attention if rank == "attention" else _rank_by_deviation
-                    extra = ranker(session, after, order, begin, old_end, new_end, k)
-                session.replace_tokens(after, order, begin, old_end, new_end, extra)
+                    extra = ranker(target, after, begin, old_end, new_end, k)
+                target.replace_span(after, begin, old_end, new_end, extra)
                 recomputed, selected = new_end - begin + len(extra), tuple(extra)
     except BaseException:
-        item["fields"][name], item["text"] = previous
-        session.reset_live()
+        conversation.restore(state)
+        target.live.reset()
         raise
-    session.field_values[name] = value
     return EditReport(
-        name, old, value, strategy, recomputed, session.live_tokens, time.perf_counter() - started, selected
+        name,
+        old,
+        value,
+        strategy,
+        recomputed,
+        target.live.num_tokens,
+        time.perf_counter() - started,
+        selected,
     )
 
 
-def _changed_span(before, after, name: str) -> tuple[int, int, int]:
+def _changed_span(before: PromptLayout, after: PromptLayout, name: str) -> tuple[int, int, int]:
     """``(begin, old end, new end)``: the tokens that differ between the renderings, covering the field's value
     tokens in both; what follows is token-identical in both."""
     old_ids, new_ids = before.token_ids, after.token_ids
@@ -155,83 +189,62 @@ def _common_length(a: torch.Tensor, b: torch.Tensor) -> int:
     return int(differs[0]) if differs.numel() else int(a.shape[0])
 
 
-@contextlib.contextmanager
-def _policy(session: Session, reuse: str):
-    """Run with ``session.config.reuse`` set to ``reuse``."""
-    saved = session.config
-    session.config = replace(saved, reuse=reuse)
-    try:
-        yield
-    finally:
-        session.config = saved
-
-
-def _recompute_from(session: Session, begin: int) -> int:
+def _recompute_from(target: EditTarget, begin: int) -> int:
     """Drop the live cache from ``begin`` and prefill the rest of the conversation afresh (images from their
     vision outputs, nothing spliced): exact. Returns the tokens computed."""
-    with _policy(session, "encoder"):
-        session.truncate_live(begin)
-        return session.prefill().prefilled
+    target.live.truncate(min(begin, target.live.num_tokens))
+    return target.prefill(reuse="encoder").prefilled
 
 
-def _rank_by_attention(session, after, order, begin, old_end, new_end, k) -> list[int]:
+def _rank_by_attention(target: EditTarget, after: PromptLayout, begin, old_end, new_end, k) -> list[int]:
     """The ``k`` tokens after the field (new prompt indices) that the context's last position attends to most,
-    averaged over layers and heads, measured on the cache before the edit."""
-    handle, cache = session.model, session._cache
-    n = session.live_tokens
-    last_id, last_pos = session._live_ids[-1:], session._live_positions[:, -1:]
-    mask = torch.zeros(1, 1, 1, n + 1, dtype=handle.dtype)
-    mask[..., n - 1] = torch.finfo(handle.dtype).min  # its own cached copy: seen once, as the new entry
-    model = handle.model
-    saved = model.config.text_config._attn_implementation
-    model.set_attn_implementation("eager")  # the only implementation that returns attention weights
+    averaged over layers and heads, measured on the cache before the edit.
+
+    The probe runs the last token once more as a query over the whole cache, with its own cached copy hidden
+    (so it sees exactly what it saw at prefill); the cache is cropped back afterwards, bit for bit as before."""
+    live, handle = target.live, target.model
+    n = live.num_tokens
+    entries = torch.arange(n + 1)
+    entries[n - 1] = n + 1  # its own cached copy: hidden (it sees itself as the new entry)
+    entries[n] = n - 1
+    mask = attention_mask(entries, torch.tensor([n - 1]), handle.dtype).to(handle.device)
     try:
-        out = model(
-            input_ids=last_id[None].to(handle.device),
-            position_ids=last_pos[:, None].to(handle.device),
-            attention_mask=mask.to(handle.device),
-            use_cache=True,
-            output_attentions=True,
-            logits_to_keep=1,
-            **{cache_argument_name(model): cache},
-        )
+        probe = prefill_span(
+            handle, live.token_ids[-1:], live.positions[:, -1:], context=live.cache, attention_mask=mask,
+            attentions=True, keep_segment=False,
+        )  # fmt: skip
     finally:
-        model.set_attn_implementation(saved)
-        crop_cache(cache, n)
-    weights = torch.stack([a[0, :, 0].float() for a in out.attentions]).mean((0, 1)).cpu()  # (n + 1,)
+        crop_cache(live.cache, n)
+    weights = torch.stack([a[0, :, 0].float() for a in probe.attentions]).mean((0, 1)).cpu()  # (n + 1,)
     weights[n - 1] = weights[n]  # the last token's attention to itself
     scores = weights[old_end:n]  # the tokens after the field, old indices
     top = torch.topk(scores, min(k, int(scores.shape[0]))).indices + old_end
     return sorted(int(i) + new_end - old_end for i in top)
 
 
-def _rank_by_deviation(session, after, order, begin, old_end, new_end, k) -> list[int]:
+def _rank_by_deviation(target: EditTarget, after: PromptLayout, begin, old_end, new_end, k) -> list[int]:
     """CacheBlend-style: recompute the first two layers over the new field and everything after it, and rank the
     later tokens by how far their layer-1 keys and values moved from the cached ones (old keys re-rotated to the
-    new positions first). The rest of the cache is not touched."""
-    handle = session.model
-    n_old = session.live_tokens
+    new positions first). The live cache is not touched (the recompute runs over a scratch cache)."""
+    live, handle = target.live, target.model
+    n_old = live.num_tokens
     if old_end >= n_old:
         return []
-    ids, positions, pieces = session.layout(after, order)
-    downstream = segment_from_cache(
-        session._cache,
-        old_end,
-        session._live_ids[old_end:],
-        session._live_positions[:, old_end:],
-        handle.layout,
-    ).moved_to(int(positions[0, new_end]))  # the cached KV, re-rotated to where it now sits
+    ids, positions = after.token_ids, after.positions
+    downstream = live.segment(old_end).moved_to(int(positions[0, new_end]))  # the cached KV, re-rotated
     depth = min(2, handle.num_layers)
     scratch = DynamicCache()
     for layer in range(depth):
-        source = session._cache.layers[layer]
+        source = live.cache.layers[layer]
         scratch.update(source.keys[:, :, :begin].clone(), source.values[:, :, :begin].clone(), layer)
-    features = session.pad_features(pieces, order, range(begin, int(ids.shape[0])))
+    features = target.pad_features(after, range(begin, after.num_tokens))
     language_model = handle.model.model.language_model
     layers = language_model.layers
     language_model.layers = layers[:depth]
     try:
-        prefill_span(handle, ids[begin:], positions[:, begin:], context=scratch, features=features)
+        prefill_span(
+            handle, ids[begin:], positions[:, begin:], context=scratch, features=features, keep_segment=False
+        )
     finally:
         language_model.layers = layers
     fresh = scratch.layers[depth - 1]

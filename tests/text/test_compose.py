@@ -37,7 +37,7 @@ def test_spliced_where_compiled_equals_prefilling_in_place(tiny):
     assert spliced.last_prefill.prefilled == spliced.last_prefill.prompt_tokens - segment.length  # spliced
     assert (got - expected).abs().max() <= 1e-5
     begin = len(tiny.processor.encode_text(canonical_preamble(tiny)))
-    live, reference = spliced.live_segment(), plain.live_segment()
+    live, reference = spliced.live.segment(), plain.live.segment()
     span = slice(begin, begin + segment.length)
     assert torch.equal(live.token_ids[span], segment.token_ids)
     assert torch.allclose(live.keys[:, :, :, span], reference.keys[:, :, :, span], atol=1e-5)
@@ -96,7 +96,7 @@ def test_a_session_splices_a_segment_between_images_with_a_seam(tiny):
     got = cached.next_token_logits(QUESTION)
     spliced = cached.last_prefill.prompt_tokens - cached.last_prefill.prefilled
     assert spliced == segment.length - 2  # the segment minus its seam; the images were new (computed)
-    live = cached.live_segment()
+    live = cached.live.segment()
     begin = live.token_ids.tolist().index(int(segment.token_ids[2])) - 2  # where the segment landed
     placed = segment.slice(2).moved_to(int(live.position_ids[0, begin + 2]))
     assert torch.equal(live.keys[:, :, :, begin + 2 : begin + segment.length], placed.keys)
@@ -135,10 +135,10 @@ def test_a_field_inside_a_transplanted_segment_edited_by_suffix_is_recomputed_ex
     session.add_text(" Now the dialog is open.")
     session.prefill()
     assert session.last_prefill.reused == segment.length - 1  # transplanted: spliced after its seam
-    before = session.live_segment()
+    before = session.live.segment()
     session.edit("button", "Dismiss", "suffix")
-    after = session.live_segment()
-    rendered, _ = session.render_prompt(None, add_generation_prompt=False)
+    after = session.live.segment()
+    rendered = session.prompt_layout(None, add_generation_prompt=False, trace=True)
     begin = rendered.field_spans["button"][0]
     assert begin > before.token_ids.tolist().index(
         int(segment.token_ids[1])

@@ -49,8 +49,8 @@ def _prefilled(handle, role: str):
     """A prefilled session, its live cache before any edit, and the field's token span."""
     session = _session(handle, role)
     session.prefill()
-    rendered, _ = session.render_prompt(None, add_generation_prompt=False)
-    return session, session.live_segment(), rendered.field_spans["role"]
+    rendered = session.prompt_layout(None, add_generation_prompt=False, trace=True)
+    return session, session.live.segment(), rendered.field_spans["role"]
 
 
 def _reference_logits(handle, role: str) -> torch.Tensor:
@@ -62,9 +62,7 @@ def test_suffix_and_full_equal_recompute_with_the_new_value(tiny, strategy):
     session = _session(tiny, "verified_admin")
     session.ask("Who am I?", max_new_tokens=3)  # a live cache with an answer in it
     report = session.edit("role", "viewer", strategy)
-    reference = mmkv.Session(tiny, reuse="none")
-    reference.messages = session.fork().messages  # same conversation, never cached
-    reference.images = list(session.images)
+    reference = session.fork(reuse="none")  # same conversation, never cached
     edited = session.next_token_logits(QUESTION)
     assert (edited - reference.next_token_logits(QUESTION)).abs().max() <= 1e-4
     assert report.strategy == strategy and report.old == "verified_admin" and report.new == "viewer"
@@ -78,7 +76,7 @@ def test_suffix_and_full_equal_recompute_with_the_new_value(tiny, strategy):
 def test_suffix_recomputes_from_the_field_on(tiny):
     session = _session(tiny, "admin")
     session.prefill()
-    rendered, _ = session.render_prompt(None, add_generation_prompt=False)
+    rendered = session.prompt_layout(None, add_generation_prompt=False, trace=True)
     field_begin = rendered.field_spans["role"][0]
     report = session.edit("role", "viewer", "suffix")
     assert report.recomputed == report.context_tokens - field_begin
@@ -87,9 +85,9 @@ def test_suffix_recomputes_from_the_field_on(tiny):
 def test_erratum_keeps_every_prefix_tensor_and_only_appends(tiny):
     session = _session(tiny, "admin")
     session.prefill()
-    before = session.live_segment()
+    before = session.live.segment()
     report = session.edit("role", "viewer", "erratum")
-    after = session.live_segment()
+    after = session.live.segment()
     n = before.length
     assert torch.equal(after.keys[:, :, :, :n], before.keys)
     assert torch.equal(after.values[:, :, :, :n], before.values)
@@ -116,14 +114,14 @@ def test_in_place_changes_exactly_the_field_tokens(tiny):
     old, new = _same_length_values(tiny)
     session, before, (begin, end) = _prefilled(tiny, old)
     report = session.edit("role", new, "in_place")
-    after = session.live_segment()
+    after = session.live.segment()
     assert _changed_entries(before, after) == set(range(begin, end))
     assert report.recomputed == end - begin
     assert tiny.tokenizer.decode(after.token_ids[begin:end]).strip() == new
     # the field's own tokens are exact: they only see the unchanged prefix
     reference = _session(tiny, new, reuse="none")
     reference.prefill()
-    exact = reference.live_segment()
+    exact = reference.live.segment()
     assert torch.allclose(after.keys[:, :, :, begin:end], exact.keys[:, :, :, begin:end], atol=1e-5)
     assert torch.allclose(after.values[:, :, :, begin:end], exact.values[:, :, :, begin:end], atol=1e-5)
 
@@ -131,7 +129,7 @@ def test_in_place_changes_exactly_the_field_tokens(tiny):
 def test_in_place_with_another_token_count_rerotates_what_follows(tiny):
     session, before, (_, old_end) = _prefilled(tiny, "admin")
     session.edit("role", "verified_external_auditor", "in_place")
-    after = session.live_segment()
+    after = session.live.segment()
     delta = after.length - before.length
     assert delta > 0
     moved = before.slice(old_end).moved_to(int(before.position_ids[0, old_end]) + delta)
@@ -148,7 +146,7 @@ def test_selective_recomputes_exactly_the_field_and_k_tokens(tiny, rank):
     report = session.edit("role", new, "selective", k=5, rank=rank)
     assert len(report.selected) == 5 and all(i >= end for i in report.selected)
     assert report.recomputed == end - begin + 5
-    assert _changed_entries(before, session.live_segment()) == set(range(begin, end)) | set(report.selected)
+    assert _changed_entries(before, session.live.segment()) == set(range(begin, end)) | set(report.selected)
 
 
 def test_selective_with_every_later_token_is_suffix(tiny):
@@ -165,7 +163,7 @@ def test_attention_ranking_picks_the_most_attended_tokens(tiny):
     old, new = _same_length_values(tiny)
     session = _session(tiny, old)
     session.prefill()
-    ids, positions = session._live_ids, session._live_positions
+    ids, positions = session.live.token_ids, session.live.positions
     model = tiny.model
     model.set_attn_implementation("eager")
     try:
@@ -181,7 +179,7 @@ def test_attention_ranking_picks_the_most_attended_tokens(tiny):
     finally:
         model.set_attn_implementation("sdpa")
     weights = torch.stack([a[0, :, -1] for a in out.attentions]).mean((0, 1))  # (L,)
-    rendered, _ = session.render_prompt(None, add_generation_prompt=False)
+    rendered = session.prompt_layout(None, add_generation_prompt=False, trace=True)
     end = rendered.field_spans["role"][1]
     expected = set((torch.topk(weights[end:], 4).indices + end).tolist())
     assert set(session.edit("role", new, "selective", k=4).selected) == expected
@@ -202,7 +200,7 @@ def test_in_place_is_not_exact_but_suffix_is(tiny):
 def test_bad_edits_raise_and_change_nothing(tiny):
     session = _session(tiny, "admin")
     session.prefill()
-    before = session.live_segment()
+    before = session.live.segment()
     messages = session.fork().messages
     with pytest.raises(ValueError, match="unknown edit strategy 'rewrite'"):
         session.edit("role", "viewer", "rewrite")
@@ -213,7 +211,7 @@ def test_bad_edits_raise_and_change_nothing(tiny):
     with pytest.raises(ValueError, match="unknown ranking"):
         session.edit("role", "viewer", "selective", rank="random")
     assert session.fork().messages == messages and session.field_values == {"role": "admin"}
-    assert torch.equal(session.live_segment().keys, before.keys)
+    assert torch.equal(session.live.segment().keys, before.keys)
 
 
 def test_field_declarations_are_checked(tiny):
@@ -232,7 +230,7 @@ def test_field_declarations_are_checked(tiny):
 
 def test_field_spans_cover_the_value_tokens(tiny):
     session = _session(tiny, "verified_admin")
-    rendered, _ = session.render_prompt(None)
+    rendered = session.prompt_layout(None, trace=True)
     begin, end = rendered.field_spans["role"]
     assert tiny.tokenizer.decode(rendered.token_ids[begin:end]).strip() == "verified_admin"
     assert torch.equal(rendered.token_ids, session.fork(reuse="none").render(None)[0])
@@ -243,5 +241,5 @@ def test_every_strategy_reports_what_it_did(tiny):
         session = _session(tiny, "admin")
         report = session.edit("role", "viewer", strategy, **({"k": 3} if strategy == "selective" else {}))
         assert report.seconds > 0 and 0 < report.fraction <= 1
-        assert report.context_tokens == session.live_tokens
+        assert report.context_tokens == session.live.num_tokens
         assert np.isclose(report.fraction, report.recomputed / report.context_tokens)

@@ -1,0 +1,53 @@
+"""The turn runtime under ``Session`` (and the server): a live cache, a planner, the store sources of a turn, an
+executor and a decoder, each owning its own state.
+
+A turn flows: ``lay_out`` (``mmkv.prompt``) -> ``LiveCache.matching_prefix`` -> ``LiveCache.truncate`` ->
+``plan_turn`` (asks ``TurnSources``) -> ``execute`` (one forward call) -> ``TurnSources.flush`` (store
+writes, after the first token) -> ``generate`` (decode).
+"""
+
+from .decode import GREEDY, Sampling, generate, vision_token_ids
+from .execute import attention_mask, execute, replace_span, resolve_features
+from .live import LiveCache, LivePiece
+from .plan import (
+    FeatureSlice,
+    ImageReuse,
+    Plan,
+    ReusePolicy,
+    SourceKind,
+    Splice,
+    StoreWrite,
+    TurnPolicy,
+    pad_features,
+    plan_replace,
+    plan_turn,
+)
+from .report import Answer, PrefillStats
+from .sources import TurnSources
+
+__all__ = [
+    "GREEDY",
+    "Answer",
+    "PrefillStats",
+    "FeatureSlice",
+    "ImageReuse",
+    "LiveCache",
+    "LivePiece",
+    "Plan",
+    "ReusePolicy",
+    "Sampling",
+    "SourceKind",
+    "Splice",
+    "StoreWrite",
+    "TurnPolicy",
+    "TurnSources",
+    "attention_mask",
+    "execute",
+    "generate",
+    "pad_features",
+    "plan_replace",
+    "plan_turn",
+    "replace_span",
+    "resolve_features",
+    "vision_token_ids",
+]

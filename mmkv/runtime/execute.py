@@ -1,0 +1,134 @@
+"""``execute``: carry out a ``Plan`` on a ``LiveCache`` in one forward call.
+
+1. every spliced segment is moved to its prompt positions (re-rotated, exact) and appended to the cache;
+2. every token to compute runs in **one** ``prefill_span`` call, under an attention mask that lets each see
+   exactly the entries that precede it in the prompt (``attention_mask``: the one mask builder);
+3. the cache's new entries are put back in prompt order, and the live cache records the prompt.
+
+Example, keep 3, a splice at [4, 11) and computed tokens 3 and 11: the cache holds entries for prompt indices
+``[0 1 2 | 4 5 6 7 8 9 10 | 3 11]`` during the call, token 3 sees ``0 1 2`` and itself, token 11 sees all;
+afterwards the entries are ``0 .. 11`` in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import torch
+
+from ..conversation import ConversationImage
+from ..kv.prefill import prefill_span
+from ..kv.segment import append_to_cache, reorder_cache
+from ..kv.vision import ImageFeatures
+from ..model.handle import ModelHandle
+from ..prompt.layout import PromptLayout
+from .live import LiveCache
+from .plan import FeatureSlice, Plan, TurnPolicy, plan_replace
+from .sources import TurnSources
+
+__all__ = ["attention_mask", "execute", "replace_span", "resolve_features"]
+
+
+def attention_mask(entry_index: torch.Tensor, query_index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(1, 1, Q, K)`` additive mask (0 = attend, dtype's min = not): query ``q`` (prompt index
+    ``query_index[q]``) sees cache entry ``k`` iff ``entry_index[k] <= query_index[q]``.
+
+    >>> attention_mask(torch.tensor([0, 2, 1]), torch.tensor([1]), torch.float32).eq(0).tolist()
+    [[[[True, False, True]]]]
+    """
+    visible = entry_index[None, :] <= query_index[:, None]  # (Q, K)
+    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
+    return mask[None, None]  # (1, 1, Q, K)
+
+
+def resolve_features(
+    slices: Sequence[FeatureSlice], images: Sequence[ConversationImage], sources: TurnSources
+) -> list[ImageFeatures]:
+    """The vision outputs ``slices`` name (from ``sources``: memo, store or tower), in order."""
+    out = []
+    for piece in slices:
+        full = sources.features(images[piece.image_index])[0]
+        rows = piece.rows
+        if isinstance(rows, range) and rows == range(full.num_pads):
+            out.append(full)
+            continue
+        if isinstance(rows, range) and rows.step == 1:
+            out.append(
+                ImageFeatures(
+                    full.embeds[rows.start : rows.stop],
+                    tuple(d[rows.start : rows.stop] for d in full.deepstack),
+                )
+            )
+            continue
+        index = torch.tensor(list(rows), device=full.embeds.device)
+        out.append(ImageFeatures(full.embeds[index], tuple(d[index] for d in full.deepstack)))
+    return out
+
+
+def execute(
+    handle: ModelHandle,
+    live: LiveCache,
+    plan: Plan,
+    layout: PromptLayout,
+    images: Sequence[ConversationImage],
+    sources: TurnSources,
+) -> torch.Tensor:
+    """Bring ``live`` (holding exactly ``plan.keep`` entries of ``layout``) to the whole prompt; returns the
+    ``(vocab,)`` float32 logits after the last computed token. Mutates ``live`` (cache and record); on an
+    exception the live cache is in an undefined state (reset it)."""
+    if live.num_tokens != plan.keep:
+        raise ValueError(f"the live cache holds {live.num_tokens} entries; the plan keeps {plan.keep}")
+    ids, positions, policy = layout.token_ids, layout.positions, plan.policy
+    entry_index = [torch.arange(plan.keep)]  # prompt index of every cache entry, in cache order
+    for splice in plan.splices:
+        target = positions[:, splice.start : splice.end]
+        if policy.rotate:
+            placed = splice.segment.moved_to(int(target[0, 0]), axes=policy.rotate_axes)
+        else:
+            placed = replace(splice.segment, position_ids=target.clone())
+        append_to_cache(live.cache, placed)
+        entry_index.append(torch.arange(splice.start, splice.end))
+    computed = plan.computed_indices()  # (Q,)
+    entries = torch.cat([*entry_index, computed])  # (keep + spliced + Q,)
+    mask = None
+    if plan.splices:
+        mask = attention_mask(entries, computed, handle.dtype).to(handle.device)
+    result = prefill_span(
+        handle,
+        ids[computed],
+        positions[:, computed],
+        context=live.cache,
+        features=resolve_features(plan.features, images, sources),
+        attention_mask=mask,
+        keep_segment=False,
+    )
+    if plan.splices:
+        reorder_cache(live.cache, plan.keep, torch.argsort(entries[plan.keep :]))
+    live.record(layout)
+    return result.logits
+
+
+def replace_span(
+    handle: ModelHandle,
+    live: LiveCache,
+    layout: PromptLayout,
+    images: Sequence[ConversationImage],
+    sources: TurnSources,
+    begin: int,
+    old_end: int,
+    new_end: int,
+    extra: Sequence[int] = (),
+    policy: TurnPolicy | None = None,
+) -> None:
+    """Make ``live`` hold ``layout`` by recomputing only tokens ``[begin, new_end)`` and the prompt indices
+    ``extra`` (all >= ``new_end``), in context; the live entries from ``old_end`` on are kept for the tokens from
+    ``new_end`` on, re-rotated by ``new_end - old_end`` (their content is not updated). Mutates ``live``;
+    ``ValueError`` (``live`` unchanged) when the spans do not fit it."""
+    if layout.num_tokens - new_end != live.num_tokens - old_end or not 0 <= begin <= min(new_end, old_end):
+        raise ValueError("replace_span: the spans do not match the live cache and the rendering")
+    downstream = live.segment(old_end) if old_end < live.num_tokens else None
+    plan = plan_replace(layout, begin, old_end, new_end, downstream, extra, policy)
+    live.truncate(begin)
+    execute(handle, live, plan, layout, images, sources)
+    sources.flush(live, plan.writes)

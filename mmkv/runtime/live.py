@@ -1,0 +1,142 @@
+"""``LiveCache``: the KV a session (or a server's pool entry) holds right now, with what it holds it for.
+
+A transformers ``DynamicCache`` plus, for every cache entry, its token id and ``(3,)`` M-RoPE position, and the
+pieces (text runs, images) the entries came from. Entry ``i`` of the cache is prompt token ``i``: the live
+cache always holds a prefix of the last prompt it was brought up to (plus decoded tokens). Example::
+
+    live = LiveCache(handle)
+    keep = live.matching_prefix(layout)    # 0 on a cold cache; reads only
+    cut = live.truncate(keep, collect_text=True)   # text pieces after `keep`, as segments, then cropped
+    ...                                     # execute(plan) appends and records the new prompt
+    live.num_tokens                         # == layout.num_tokens afterwards
+
+Only the methods below change it; each says what it changes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from transformers import DynamicCache
+
+from ..compat import crop_cache
+from ..kv.prefill import new_cache
+from ..kv.segment import KVSegment, SegmentKind, segment_from_cache
+from ..model.handle import ModelHandle
+from ..prompt.layout import PromptLayout
+
+__all__ = ["LiveCache", "LivePiece"]
+
+
+@dataclass(frozen=True)
+class LivePiece:
+    """A piece of the prompt whose KV sits in the live cache."""
+
+    kind: Literal["text", "image"]
+    begin: int  # first cache entry
+    end: int  # entry after its last one
+
+    @property
+    def length(self) -> int:
+        """Entries in the piece."""
+        return self.end - self.begin
+
+
+class LiveCache:
+    """One live ``DynamicCache`` and the ids, positions and pieces of its entries. Not thread-safe."""
+
+    def __init__(self, handle: ModelHandle) -> None:
+        self.handle = handle
+        self.reset()
+
+    def reset(self) -> None:
+        """Empty it (a fresh ``DynamicCache``)."""
+        self.cache: DynamicCache = new_cache(self.handle)
+        self.token_ids = torch.zeros(0, dtype=torch.long)  # (N,) id of every entry
+        self.positions = torch.zeros(3, 0, dtype=torch.long)  # (3, N) position of every entry
+        self.pieces: tuple[LivePiece, ...] = ()
+
+    @contextlib.contextmanager
+    def dropped_on_error(self) -> Iterator[None]:
+        """A guard for work on this cache: on any exception inside the block the cache is reset (emptied), so a
+        failed turn never leaves half-built KV behind; the exception propagates."""
+        try:
+            yield
+        except BaseException:
+            self.reset()
+            raise
+
+    @property
+    def num_tokens(self) -> int:
+        """Entries held."""
+        return int(self.token_ids.shape[0])
+
+    def matching_prefix(self, layout: PromptLayout) -> int:
+        """How many leading entries ``layout`` can keep as they are: same ids and positions, never part of an
+        image, and always fewer than the prompt's tokens (its last token is computed to give logits). Reads
+        only."""
+        ids, positions = layout.token_ids, layout.positions
+        n = min(self.num_tokens, int(ids.shape[0]) - 1)
+        if n <= 0:
+            return 0
+        same = (self.token_ids[:n] == ids[:n]) & (self.positions[:, :n] == positions[:, :n]).all(0)
+        keep = n if bool(same.all()) else int((~same).nonzero()[0])
+        for piece in layout.pieces:  # never keep half an image
+            if piece.kind == "image" and piece.begin < keep < piece.end:
+                return piece.begin
+        return keep
+
+    def truncate(self, keep: int, collect_text: bool = False) -> list[KVSegment]:
+        """Crop to the first ``keep`` entries. With ``collect_text``, the text pieces cut off whole come back as
+        segments (copies, read before cropping; for ``kv`` reuse of text that moved)."""
+        if not 0 <= keep <= self.num_tokens:
+            raise ValueError(f"cannot keep {keep} of {self.num_tokens} live entries")
+        cut = [p for p in self.pieces if p.kind == "text" and p.begin >= keep] if collect_text else []
+        segments = [self.segment(p.begin, p.end) for p in cut]
+        crop_cache(self.cache, keep)
+        self.token_ids = self.token_ids[:keep]
+        self.positions = self.positions[:, :keep]
+        self.pieces = tuple(p for p in self.pieces if p.end <= keep)
+        return segments
+
+    def segment(
+        self, begin: int = 0, end: int | None = None, kind: SegmentKind = "text", digest: str = ""
+    ) -> KVSegment:
+        """Entries ``[begin, end)`` as a segment (a copy of their K/V, ids and positions). Changes nothing."""
+        end = self.num_tokens if end is None else end
+        if not 0 <= begin < end <= self.num_tokens:
+            raise ValueError(f"no live entries [{begin}, {end}) in a cache of {self.num_tokens}")
+        return segment_from_cache(
+            self.cache,
+            begin,
+            self.token_ids[begin:end],
+            self.positions[:, begin:end],
+            self.handle.layout,
+            kind,
+            digest,
+        )
+
+    def record(self, layout: PromptLayout) -> None:
+        """Say that the cache now holds exactly ``layout``'s prompt (called once its KV is in place)."""
+        assert self.cache.get_seq_length() == layout.num_tokens, "the cache does not hold the whole prompt"
+        self.token_ids, self.positions = layout.token_ids.clone(), layout.positions.clone()
+        self.pieces = tuple(LivePiece(p.kind, p.begin, p.end) for p in layout.pieces)
+
+    def append_tokens(self, token_ids: torch.Tensor, positions: torch.Tensor) -> None:
+        """Say that the cache grew by ``token_ids`` (``(n,)``) at ``positions`` (``(3, n)``): decoded tokens,
+        counted as part of the last piece."""
+        self.token_ids = torch.cat([self.token_ids, token_ids.reshape(-1).cpu()])
+        self.positions = torch.cat([self.positions, positions.cpu()], dim=1)
+        assert self.cache.get_seq_length() == self.num_tokens, "cache and bookkeeping disagree"
+        if self.pieces:
+            last = self.pieces[-1]
+            self.pieces = (*self.pieces[:-1], LivePiece(last.kind, last.begin, self.num_tokens))
+
+    @property
+    def next_position(self) -> int:
+        """The position a token appended now takes (one past the largest held)."""
+        return int(self.positions.max()) + 1 if self.num_tokens else 0

@@ -1,0 +1,103 @@
+"""``TurnSources``: where one turn's cached work comes from (the KV store, the encoder store, the vision tower)
+and what it leaves to store afterwards.
+
+One object per turn. It looks images up in the stores (the planner asks), memoises the vision outputs it
+fetched or computed this turn (an image seen twice in one prompt runs the tower once), and queues the turn's
+store writes; ``flush`` runs them after the first token is known, so store writes (disk ones included) are not
+part of the time to first token. Example::
+
+    sources = TurnSources(handle, kv_store, encoder_store, reuse="kv")
+    segment, tier = sources.kv(image)           # (KVSegment, "memory") or (None, None)
+    tier = sources.encoder_tier(image)          # "memory" | "disk" | "computed": a lookup, no tower
+    features = sources.features(image)          # the memo, else the store, else the tower (write queued)
+    sources.flush(live, writes)                 # image KV and vision outputs into the stores
+
+``reuse="none"`` never reads or writes the stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from ..cache import EncoderStore, ImageKVStore
+from ..conversation import ConversationImage
+from ..errors import StoreMismatchError
+from ..kv.segment import KVSegment
+from ..kv.vision import ImageFeatures, encode_images
+from ..model.handle import ModelHandle
+from .live import LiveCache
+from .plan import ReusePolicy, StoreWrite
+
+__all__ = ["TurnSources"]
+
+Tier = Literal["memory", "disk"]
+
+
+class TurnSources:
+    """Store and encoder lookups of one turn, their memo, and the writes queued for after the first token."""
+
+    def __init__(
+        self, handle: ModelHandle, kv_store: ImageKVStore, encoder_store: EncoderStore, reuse: ReusePolicy
+    ) -> None:
+        self.handle = handle
+        self.kv_store = kv_store
+        self.encoder_store = encoder_store
+        self.reuse = reuse
+        self._features: dict[str, tuple[list[ImageFeatures], str]] = {}  # digest -> (features, tier)
+        self._feature_puts: list[tuple[str, list[ImageFeatures]]] = []  # computed this turn, to store
+
+    def kv(self, image: ConversationImage) -> tuple[KVSegment | None, Tier | None]:
+        """The image's stored KV and the tier that had it, or ``(None, None)``. Raises ``StoreMismatchError`` when
+        the store hands back KV this model could not have made for it."""
+        if self.reuse != "kv":
+            return None, None
+        segment, tier = self.kv_store.lookup(image.digest, self.handle)
+        if segment is not None:
+            self._check_fits(segment)
+        return segment, tier
+
+    def encoder_tier(self, image: ConversationImage) -> str:
+        """Where the image's vision outputs will come from: ``"memory"`` / ``"disk"`` (a store hit, fetched now
+        into the memo) or ``"computed"`` (the tower runs when ``features`` is called)."""
+        if image.digest in self._features:
+            return self._features[image.digest][1]
+        if self.reuse != "none":
+            cached, tier = self.encoder_store.lookup(image.digest, self.handle)
+            if cached is not None:
+                self._features[image.digest] = (cached, tier)
+                return tier
+        return "computed"
+
+    def features(self, image: ConversationImage) -> list[ImageFeatures]:
+        """The image's vision outputs: from this turn's memo, the encoder store, or the vision tower (then
+        queued for the store unless ``reuse="none"``)."""
+        self.encoder_tier(image)  # a store hit lands in the memo
+        if image.digest in self._features:
+            return self._features[image.digest][0]
+        inputs = image.inputs or self.handle.processor.preprocess_images([image.pixels])
+        computed = encode_images(self.handle, inputs)
+        self._features[image.digest] = (computed, "computed")
+        if self.reuse != "none":
+            self._feature_puts.append((image.digest, computed))
+        return computed
+
+    def flush(self, live: LiveCache, writes: Sequence[StoreWrite]) -> None:
+        """Store the image KV of ``writes`` (read from ``live``, which must hold them) and the vision outputs
+        computed this turn. Store failures are the stores' to count; this does not change ``live``."""
+        for write in writes:
+            segment = live.segment(write.start, write.start + write.length, "image", write.digest)
+            self.kv_store.put(write.digest, segment, self.handle)
+        for digest, features in self._feature_puts:
+            self.encoder_store.put(digest, features, self.handle)
+        self._feature_puts = []
+
+    def _check_fits(self, segment: KVSegment) -> None:
+        config = self.handle.text_config
+        expected = (self.handle.num_layers, config.num_key_value_heads, self.handle.layout.head_dim)
+        found = (segment.num_layers, int(segment.keys.shape[2]), int(segment.keys.shape[-1]))
+        if found != expected:
+            raise StoreMismatchError(
+                f"the store returned KV with (layers, kv heads, head_dim) = {found}; this model has {expected}. "
+                "Use a store directory per model, or clear it"
+            )
