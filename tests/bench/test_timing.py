@@ -13,7 +13,7 @@ def test_arms_interleave_in_rotating_order_after_one_warmup_round():
     arms = {name: (lambda name=name: calls.append(name)) for name in "ABC"}
     result = interleave(arms, repeats=4)
     assert calls[:3] == ["A", "B", "C"]  # warm-up
-    assert calls[3:] == list("ABC" "BCA" "CAB" "ABC")
+    assert calls[3:] == list("ABCBCACABABC")
     assert all(len(result[name].samples) == 4 for name in "ABC")
 
 
