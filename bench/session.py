@@ -81,6 +81,9 @@ def trajectory(handle: mmkv.ModelHandle, turns: int, window: int, size: int) -> 
         lookups = stats.hits + stats.misses
         result["hit_rate"][policy] = stats.hits / lookups if lookups else float("nan")
         result.setdefault("last_turn_sources", {})[policy] = [r.source for r in images]
+    result["mean_ttft_turns_1plus"] = {
+        p: statistics.mean(result["ttft"][p][1:]) for p in POLICIES if turns > 1
+    }
     return result
 
 
