@@ -66,7 +66,6 @@ from evals.tasks import (  # noqa: E402
     sample_session,
 )
 from mmkv.cache import EncoderStore, ImageKVStore  # noqa: E402
-from mmkv.prompt import layout_positions, split_prompt  # noqa: E402
 
 __all__ = [
     "ARM_NAMES",
@@ -144,13 +143,10 @@ def build_session(
 def image_starts(session: mmkv.Session, question: str) -> list[tuple[str, int]]:
     """``(digest, start position)`` of every image in the prompt ``session`` would run for ``question``, in prompt
     order (the temporal position of its ``<|vision_start|>``). Changes nothing."""
-    ids, order = session.render(question)
-    grids = torch.tensor([session.images[i].grid for i in order], dtype=torch.long).reshape(-1, 3)  # (N, 3)
-    pieces = split_prompt(session.model, ids, grids)
-    positions = layout_positions(session.model, pieces)
+    layout = session.prompt_layout(question)
     return [
-        (session.images[order[piece.image_index]].digest, int(pos[0, 0]))
-        for piece, pos in zip(pieces, positions, strict=True)
+        (session.images[layout.image_of(piece)].digest, int(layout.positions[0, piece.begin]))
+        for piece in layout.pieces
         if piece.kind == "image"
     ]
 
