@@ -13,6 +13,7 @@ __all__ = [
     "MmkvError",
     "ModelNotFoundError",
     "StoreMismatchError",
+    "StoreUnavailableError",
     "UnreadableImageError",
     "UnsupportedInputError",
     "UnsupportedModelError",
@@ -53,3 +54,8 @@ class UnsupportedInputError(MmkvError, TypeError):
 
 class StoreMismatchError(MmkvError, ValueError):
     """A store or cached entry made for another model (fingerprint) than the one it is used with."""
+
+
+class StoreUnavailableError(MmkvError, OSError):
+    """A store's directory cannot be opened: a file where the directory should be, no permission, a corrupt
+    index, a full disk. The message says which and what to do. (Once open, storage faults never raise.)"""

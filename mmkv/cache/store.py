@@ -20,7 +20,8 @@ from ..kv.segment import KVSegment
 from ..kv.vision import ImageFeatures
 from ..model.handle import ModelHandle
 from .codec import decode_features, decode_segment, encode_features, encode_segment
-from .tiers import DiskTier, MemoryTier
+from .disk import DiskTier
+from .memory import MemoryTier
 
 __all__ = [
     "EncoderStore",
@@ -48,6 +49,7 @@ class TierStats:
     entries: int  # entries held (disk: in the whole directory, whichever process wrote them)
     corrupt: int  # disk entries that failed decoding and were deleted (always 0 in memory)
     write_errors: int  # disk writes that failed and were skipped (always 0 in memory)
+    read_errors: int = 0  # disk reads that failed with a storage fault and were treated as misses
 
 
 @dataclass(frozen=True)
@@ -80,10 +82,12 @@ class TieredStore(Generic[V]):
     codec: ClassVar[StoreCodec]
 
     def __init__(
-        self, path: str | Path | None = None, max_bytes: int = 2 << 30, disk_max_bytes: int = 16 << 30
+        self, path: str | Path | None = None, max_bytes: int = 2 << 30, disk_max_bytes: int | None = None
     ):
         """A store holding up to ``max_bytes`` of values in memory and, if ``path`` is given, up to about
-        ``disk_max_bytes`` of records in the diskcache directory ``path`` (created if missing)."""
+        ``disk_max_bytes`` of records in the diskcache directory ``path`` (created if missing; default bound:
+        the smaller of 16 GiB and 90% of the disk's free space). Raises ``StoreUnavailableError`` when the
+        directory cannot be opened; once open, storage faults never raise (they are counted)."""
         self.path = None if path is None else Path(path).expanduser()  # the disk tier's directory, if any
         self._memory: MemoryTier[V] = MemoryTier(max_bytes)
         self._disk = None if path is None else DiskTier(self.path, disk_max_bytes)
@@ -144,7 +148,14 @@ class TieredStore(Generic[V]):
             return StoreStats(memory=memory, disk=None)
         d = self._disk
         disk = TierStats(
-            d.hits, d.misses, 0, d.volume(), len(d), corrupt=d.corrupt, write_errors=d.write_errors
+            d.hits,
+            d.misses,
+            0,
+            d.volume(),
+            len(d),
+            corrupt=d.corrupt,
+            write_errors=d.write_errors,
+            read_errors=d.read_errors,
         )
         return StoreStats(memory=memory, disk=disk)
 

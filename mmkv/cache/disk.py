@@ -1,0 +1,283 @@
+"""``DiskTier``: the persistent tier of a store, a diskcache directory of raw bytes shared between processes.
+
+diskcache keeps an SQLite index (``cache.db``) and, for values over 32 KiB, one value file per entry under
+``xx/yy/<28 hex>.val``. mmkv trusts none of it:
+
+- **bytes only**: a bytes-only ``Disk`` refuses to write anything else and to read back an entry stored in any
+  other mode, so nothing is ever unpickled, even from a directory someone else wrote into;
+- **paths confined**: every value file the index names must have diskcache's own name shape and resolve inside
+  the directory (no ``..``, no absolute path, no symlink out); any other row is a corrupt entry, dropped from
+  the index only; no file outside the directory is ever read or deleted;
+- **faults contained**: opening either works or raises ``StoreUnavailableError`` saying what is wrong (a file
+  where the directory should be, no permission, a corrupt index, a full disk). Once open, no storage fault
+  raises: a failed read is a miss counted in ``read_errors``, a failed write is counted in ``write_errors``
+  (the memory tier keeps the only copy); a directory deleted or replaced under it is detected at the next
+  write and the tier stops writing (``lost``);
+- **bounded**: the size bound defaults to the smaller of 16 GiB and 90% of what the disk can give it;
+- **swept**: value files no index row names (a writer killed mid-write) older than ``ORPHAN_AGE_S`` are removed
+  when a tier opens the directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+import shutil
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import diskcache
+from diskcache.core import MODE_BINARY, MODE_RAW
+
+from ..errors import StoreUnavailableError
+from .codec import CorruptEntryError
+
+__all__ = ["DEFAULT_DISK_MAX_BYTES", "ORPHAN_AGE_S", "DiskTier"]
+
+logger = logging.getLogger("mmkv.cache")
+
+T = TypeVar("T")
+DEFAULT_DISK_MAX_BYTES = 16 << 30  # upper end of the default bound (also capped by the free space)
+ORPHAN_AGE_S = 600.0  # a value file no row names, untouched this long, is a dead writer's leftover
+_VALUE_NAME = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{28}\.val")  # diskcache's own file names
+_FAULTS = (OSError, sqlite3.Error, diskcache.Timeout)  # what storage can throw at us once open
+
+
+class _BytesOnlyDisk(diskcache.Disk):
+    """A ``diskcache.Disk`` that stores ``bytes`` only, never unpickles, and never touches a path outside its
+    directory. Writing anything but ``bytes`` raises ``TypeError``; reading an entry stored in another mode or
+    naming a file outside raises ``CorruptEntryError``; removing such a file does nothing."""
+
+    def inside(self, filename: str | None) -> bool:
+        """Whether ``filename`` (as an index row holds it) is a value file of this directory."""
+        if not isinstance(filename, str) or not _VALUE_NAME.fullmatch(filename):
+            return False
+        root = os.path.realpath(self._directory)
+        return os.path.realpath(os.path.join(root, filename)).startswith(root + os.sep)
+
+    def store(self, value, read, key=diskcache.UNKNOWN):
+        if type(value) is not bytes:
+            raise TypeError(f"DiskTier stores bytes only, got {type(value).__name__}")
+        return super().store(value, read, key=key)
+
+    def fetch(self, mode, filename, value, read):
+        if mode not in (MODE_RAW, MODE_BINARY) or read:
+            raise CorruptEntryError(
+                f"disk entry is not raw bytes (diskcache mode {mode}); refusing to decode it"
+            )
+        if filename is not None and not self.inside(filename):
+            raise CorruptEntryError(f"disk entry names a file outside the store ({filename!r}); not read")
+        out = super().fetch(mode, filename, value, read)
+        if type(out) is not bytes:
+            raise CorruptEntryError(f"disk entry is not raw bytes ({type(out).__name__})")
+        return out
+
+    def remove(self, file_path):
+        if not self.inside(file_path):
+            logger.warning(
+                "mmkv cache: not removing %r: it is not a value file of %s", file_path, self._directory
+            )
+            return
+        super().remove(file_path)
+
+
+def _open_error(path: Path, exc: BaseException) -> StoreUnavailableError:
+    """The ``StoreUnavailableError`` that says why ``path`` could not be opened."""
+    where = f"cannot open the store directory {str(path)!r}"
+    if path.exists() and not path.is_dir():
+        return StoreUnavailableError(f"{where}: it is a file, not a directory; pass a directory path")
+    if isinstance(exc, sqlite3.DatabaseError) and ("not a database" in str(exc) or "malformed" in str(exc)):
+        return StoreUnavailableError(
+            f"{where}: its index {str(path / 'cache.db')!r} is corrupt ({exc}); move the directory away or "
+            "delete it (the store rebuilds itself)"
+        )
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        return StoreUnavailableError(f"{where}: no permission to write there; choose a writable directory")
+    probe = path if path.exists() else path.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        free = None
+    if (
+        getattr(exc, "errno", None) == errno.ENOSPC
+        or free == 0
+        or "full" in str(exc)
+        or (free is not None and free < (1 << 20) and "I/O" in str(exc))
+    ):
+        return StoreUnavailableError(
+            f"{where}: the disk is full ({free} bytes free); free some space, or use a memory-only store "
+            "(path=None)"
+        )
+    return StoreUnavailableError(f"{where}: {type(exc).__name__}: {exc}")
+
+
+class DiskTier:
+    """A persistent map ``str -> bytes`` in a diskcache directory, bounded (approximately) by ``max_bytes``.
+
+    diskcache evicts least recently used entries on writes once the directory's volume (SQLite file plus value
+    files) exceeds ``max_bytes``. Several ``DiskTier`` objects, in one process or many, may share a directory.
+    The counters are this object's own; entries and volume are read from the shared directory.
+    """
+
+    def __init__(self, path: str | Path, max_bytes: int | None = None, timeout_s: float = 2.0) -> None:
+        """Open (creating if needed) the directory ``path``. ``max_bytes=None``: the smaller of
+        ``DEFAULT_DISK_MAX_BYTES`` and 90% of the free space plus what the directory holds already.
+        ``timeout_s`` bounds each wait for another process's SQLite lock. Raises ``StoreUnavailableError``."""
+        self.path = Path(path)  # the diskcache directory
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            limit = DEFAULT_DISK_MAX_BYTES if max_bytes is None else max_bytes
+            self._cache = diskcache.Cache(
+                str(self.path),
+                size_limit=limit,
+                eviction_policy="least-recently-used",
+                disk=_BytesOnlyDisk,
+                timeout=timeout_s,
+            )
+            self._identity = self._stat_index()
+            if max_bytes is None:
+                usable = shutil.disk_usage(self.path).free + int(self._cache.volume())
+                limit = min(DEFAULT_DISK_MAX_BYTES, int(0.9 * usable))
+                self._cache.reset("size_limit", limit)
+        except (*_FAULTS, ValueError) as exc:
+            raise _open_error(self.path, exc) from exc
+        self.max_bytes = limit  # diskcache size_limit
+        self.hits = 0  # get() calls that returned a value
+        self.misses = 0  # get() calls that found nothing
+        self.corrupt = 0  # entries that failed to decode (or named a file outside) and were dropped
+        self.read_errors = 0  # reads that failed with a storage fault (counted as misses by the caller)
+        self.write_errors = (
+            0  # writes that failed with a storage fault, or were refused because the tier is lost
+        )
+        self.lost = False  # the directory was deleted or replaced under us: no more writes
+        self.orphans_removed = self._sweep_orphans()
+
+    # ---------------------------------------------------------------------------------------- reading
+    def get(self, key: str, decode: Callable[[bytes], T] | None = None) -> T | bytes | None:
+        """The bytes under ``key`` (or ``decode(bytes)``), or ``None``; never raises a storage fault.
+
+        An entry that is not raw bytes, names a file outside the directory, or whose ``decode`` raises
+        ``CorruptEntryError`` is dropped (from the index; files outside are never touched), counted in
+        ``corrupt``, and ``None`` is returned. A storage fault (full disk, I/O error, lock timeout) counts in
+        ``read_errors`` and returns ``None``. Other exceptions of ``decode`` propagate. Marks the entry used.
+        """
+        try:
+            data = self._cache.get(key, default=None)
+            if data is None:
+                self.misses += 1
+                return None
+            value = data if decode is None else decode(data)
+        except CorruptEntryError as exc:
+            self.corrupt += 1
+            logger.warning("mmkv cache: dropping corrupt entry %s in %s: %s", key, self.path, exc)
+            self.delete(key)
+            return None
+        except _FAULTS as exc:
+            self.read_errors += 1
+            logger.warning("mmkv cache: could not read %s from %s (recomputing): %s", key, self.path, exc)
+            return None
+        self.hits += 1
+        return value
+
+    def volume(self) -> int:
+        """Bytes the directory occupies: SQLite pages plus value files (0 when it cannot be read)."""
+        return self._quietly(lambda: int(self._cache.volume()), 0)
+
+    def __contains__(self, key: str) -> bool:
+        """Whether ``key`` is present (not validated). Changes no counter and not the LRU order."""
+        return self._quietly(lambda: key in self._cache, False)
+
+    def __len__(self) -> int:
+        """Entries in the directory (0 when it cannot be read)."""
+        return self._quietly(lambda: len(self._cache), 0)
+
+    # ---------------------------------------------------------------------------------------- writing
+    def put(self, key: str, data: bytes) -> bool:
+        """Store ``data`` under ``key``, replacing any previous value. Never raises a storage fault: a failed
+        write (``ENOSPC``, read-only, lock timeout, directory gone) is counted in ``write_errors`` and logged.
+        A value larger than ``max_bytes`` is not stored. Returns whether the value was written."""
+        if type(data) is not bytes:
+            raise TypeError(f"DiskTier stores bytes only, got {type(data).__name__}")
+        if len(data) > self.max_bytes:
+            return False
+        if not self._still_there():
+            self.write_errors += 1
+            return False
+        try:
+            self._cache.set(key, data)
+        except _FAULTS as exc:
+            self.write_errors += 1
+            logger.warning(
+                "mmkv cache: could not write %s to %s (kept in memory only): %s", key, self.path, exc
+            )
+            return False
+        return True
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key`` if present (its value file too, if it is one of ours). Returns whether it was."""
+        return self._quietly(lambda: bool(self._cache.delete(key)), False)
+
+    def clear(self) -> None:
+        """Remove every entry in the directory (for every process sharing it). Counters are kept."""
+        self._quietly(lambda: self._cache.clear(), None)
+
+    def close(self) -> None:
+        """Close the SQLite connection (reopened on next use)."""
+        self._quietly(self._cache.close, None)
+
+    # ---------------------------------------------------------------------------------------- internals
+    def _quietly(self, fn: Callable[[], T], fallback: T) -> T:
+        try:
+            return fn()
+        except _FAULTS as exc:
+            self.read_errors += 1
+            logger.warning("mmkv cache: storage fault in %s: %s", self.path, exc)
+            return fallback
+
+    def _stat_index(self) -> tuple[int, int]:
+        info = os.stat(self.path / diskcache.core.DBNAME)
+        return info.st_dev, info.st_ino
+
+    def _still_there(self) -> bool:
+        """Whether the directory and the index we opened are still in place (else mark the tier lost)."""
+        if self.lost:
+            return False
+        try:
+            same = self._stat_index() == self._identity
+        except OSError:
+            same = False
+        if not same:
+            self.lost = True
+            logger.warning(
+                "mmkv cache: the store directory %s was deleted or replaced; its disk tier stops writing "
+                "(reopen the store to use the new directory)",
+                self.path,
+            )
+        return same
+
+    def _sweep_orphans(self) -> int:
+        """Remove value files no index row names, untouched for ``ORPHAN_AGE_S`` (a writer killed mid-write).
+        Returns how many were removed."""
+        try:
+            named = {
+                row[0] for row in self._cache._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL")
+            }
+            now, removed = time.time(), 0
+            for file in self.path.glob("[0-9a-f][0-9a-f]/[0-9a-f][0-9a-f]/*.val"):
+                relative = file.relative_to(self.path).as_posix()
+                if relative in named or not _VALUE_NAME.fullmatch(relative) or file.is_symlink():
+                    continue
+                if now - file.stat().st_mtime >= ORPHAN_AGE_S:
+                    file.unlink(missing_ok=True)
+                    removed += 1
+            if removed:
+                logger.info("mmkv cache: removed %d orphaned value files from %s", removed, self.path)
+            return removed
+        except _FAULTS as exc:
+            logger.warning("mmkv cache: could not sweep %s for orphaned files: %s", self.path, exc)
+            return 0
