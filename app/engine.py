@@ -31,7 +31,7 @@ from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
 import mmkv
-from mmkv import Answer, MmkvError, ModelHandle, Session, SessionConfig
+from mmkv import Answer, ImageReuse, MmkvError, ModelHandle, Session, SessionConfig
 from mmkv.cache import EncoderStore, ImageKVStore, TierStats
 from mmkv.images import DEFAULT_MAX_PIXELS, load_image
 from mmkv.model.registry import SHIPPED_DIR
@@ -270,13 +270,16 @@ def display_text(text: str) -> str:
     return shown.strip() or "(empty answer)"
 
 
-def _image_phrase(index: int, source: str, reuse: ReusePolicy) -> str:
-    if source == "live":
-        return f"image {index + 1} kept (live prefix)"
-    if source in ("memory", "disk"):
-        what = ", vision outputs" if reuse == "encoder" else ""
-        return f"image {index + 1} cache hit ({source}{what})"
-    return f"image {index + 1} computed"
+def _image_phrase(image: ImageReuse) -> str:
+    """Where one image's KV (and, when it was prefilled, its vision outputs) came from."""
+    number = image.index + 1
+    if image.source == "live":
+        return f"image {number} kept (live prefix)"
+    if image.source != "computed":
+        return f"image {number} cache hit ({image.source})"
+    if image.encoder in ("memory", "disk"):
+        return f"image {number} prefilled from cached vision outputs ({image.encoder})"
+    return f"image {number} computed"
 
 
 def format_turn(record: TurnRecord) -> str:
@@ -284,7 +287,7 @@ def format_turn(record: TurnRecord) -> str:
     when measured, without; e.g. ``turn 3 [kv]: image 1 kept (live prefix), image 2 cache hit (memory) ·
     TTFT 12.3 ms (kv) vs 45.6 ms (none, cold) = 3.7x · 162 of 232 prompt tokens reused``."""
     answer = record.answer
-    images = [_image_phrase(r.index, r.source, record.reuse) for r in answer.images]
+    images = [_image_phrase(r) for r in answer.images]
     hidden = record.num_images - len(answer.images)
     if hidden:
         images.append(f"{hidden} earlier image{'s' if hidden > 1 else ''} outside the window")

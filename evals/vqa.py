@@ -204,7 +204,7 @@ def _measured_pass(session: mmkv.Session, question: str, max_new_tokens: int) ->
     logits = session.next_token_logits(question)
     prefill = session.last_prefill
     answer = session.ask(question, max_new_tokens=max_new_tokens)
-    sources = tuple(r.source for r in prefill.images)
+    sources = tuple(r.reused_from for r in prefill.images)
     return _Pass(logits, prefill.seconds, answer, sources, prefill.prompt_tokens, prefill.prefilled)
 
 

@@ -17,6 +17,7 @@ The conversation knows nothing about tokens or KV: ``mmkv.prompt`` renders it, `
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from .kv.segment import KVSegment
 
 __all__ = [
+    "ROLE_NAME",
+    "check_role",
+    "check_text",
     "Conversation",
     "ConversationImage",
     "ConversationState",
@@ -40,6 +44,36 @@ __all__ = [
     "Message",
     "TextItem",
 ]
+
+
+ROLE_NAME = re.compile(
+    r"[a-z][a-z_]{0,31}"
+)  # "system", "user", "assistant", "tool", ...: no markup, no newlines
+
+
+def check_text(text: object, name: str = "text") -> str:
+    """``text`` if it is a ``str`` that encodes as UTF-8; else ``TypeError`` / ``ValueError`` naming ``name``
+    (a lone surrogate such as ``"\\ud800"`` cannot be tokenised)."""
+    if not isinstance(text, str):
+        raise TypeError(f"{name} must be a str, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{name} is not valid Unicode: {exc.reason} at index {exc.start} ({text[exc.start]!r}); remove or "
+            "replace that character"
+        ) from None
+    return text
+
+
+def check_role(role: object) -> str:
+    """``role`` if it is a role name the chat template can render safely (lowercase letters and ``_``, such as
+    ``"system"``, ``"user"``, ``"assistant"``, ``"tool"``); else ``ValueError``."""
+    if not isinstance(role, str) or not ROLE_NAME.fullmatch(role):
+        raise ValueError(
+            f"role must be a lowercase name such as 'user', 'assistant' or 'system', got {role!r}"
+        )
+    return role
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,9 +208,11 @@ class Conversation:
         """Append ``text`` as ``role`` (joined to the last message when it has that role, unless
         ``new_message``). ``fields`` names editable values (``{name}`` once each in ``text``, names unique in the
         conversation). Returns the new item. Raises ``TypeError`` / ``ValueError`` with nothing changed."""
-        if not isinstance(text, str):
-            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        check_text(text)
+        check_role(role)
         checked = validate_fields(text, fields or {})
+        for name, value in checked.items():
+            check_text(value, f"field {name!r}")
         taken = sorted(set(checked) & set(self._field_values))
         if taken:
             raise ValueError(f"field {taken[0]!r} already exists in this session; field names must be unique")
@@ -207,6 +243,7 @@ class Conversation:
         """Give field ``name`` the new ``value`` (its item's text re-filled). ``KeyError`` for an unknown field,
         ``TypeError`` / ``ValueError`` for a bad value; nothing changes then."""
         m, i, item = self.field_item(name)
+        check_text(value, f"field {name!r}")
         fields = validate_fields(item.template, {**item.field_map, name: value})
         new_item = replace(item, text=fill_template(item.template, fields)[0], fields=tuple(fields.items()))
         message = self.messages[m]
@@ -250,8 +287,7 @@ class Conversation:
         self._field_values.clear()
 
     def _append(self, role: str, item: Item, new_message: bool) -> None:
-        if not isinstance(role, str) or not role:
-            raise ValueError(f"role must be a non-empty str, got {role!r}")
+        check_role(role)
         if self.messages and self.messages[-1].role == role and not new_message:
             last = self.messages[-1]
             self.messages[-1] = replace(last, items=(*last.items, item))

@@ -1,9 +1,22 @@
-"""Rendering a conversation to token ids with the model's own chat template, tracing where each text landed.
+"""Rendering a conversation to token ids with the model's own chat template, so that text is only ever text.
 
-A conversation is rendered by the model's own chat template and processor (``VLProcessor``), so token ids are
-exactly what the model would see. ``render_prompt`` also returns the token span of every text item and every
-field value (for edits and precompiled segments); ``mmkv.prompt.layout`` cuts the ids into pieces and gives
-them positions.
+The chat template is rendered with a private-use marker in place of every text item. The template's own
+control tokens (``<|im_start|>``, ``<|vision_start|>``, ...) are then the added tokens found in that rendering,
+and only those become control ids; every text item, and the template text around it up to the next control
+token, is tokenised as plain text (``split_special_tokens``), so a user who writes ``<|im_end|>`` or
+``<|image_pad|>`` gets those characters, never a fake turn or a fake image. Each ``<|image_pad|>`` of the
+template becomes the image's pads directly, without expanding them as text. For text without control-token
+strings the ids are exactly the processor's (the tokenizer itself splits on added tokens first, then
+tokenises each stretch between them alone), and the token span of every text item and field value comes along.
+
+Worked example (Qwen3-VL template, one user message "hi <|im_end|>" and an image)::
+
+    template rendering   <|im_start|> "user\\n" <|vision_start|> <|image_pad|> <|vision_end|> "\\ue0000\\ue001" <|im_end|> "\\n"
+    plain runs           "user\\n"   "hi <|im_end|>" (tokenised as text)   "\\n"
+    ids                  [im_start] bpe("user\\n") [vision_start] [pad]*N [vision_end] bpe("hi <|im_end|>") [im_end] bpe("\\n")
+
+A template that rewrites message text (so markers cannot be traced) falls back to rendering the text directly;
+there, text holding a control-token string is refused with ``UnsupportedInputError`` rather than let through.
 """
 
 from __future__ import annotations
@@ -16,22 +29,114 @@ from dataclasses import dataclass
 import torch
 
 from ..conversation import Message, TextItem
+from ..errors import UnsupportedInputError
 from ..fields import fill_template
 
-__all__ = ["RenderedPrompt", "render_prompt"]
+__all__ = ["RenderedPrompt", "encode_parts", "render_prompt"]
 
-_MARK = re.compile("\ue000([0-9]+)\ue001")  # stands in for a text item while the template renders
+_MARK = "\ue000{}\ue001"  # stands in for text item {} while the template renders
+_MARK_PATTERN = r"\ue000([0-9]+)\ue001"
 
 
 @dataclass(frozen=True, eq=False)
 class RenderedPrompt:
     """A conversation rendered to token ids, with where each text item and each field value landed."""
 
-    token_ids: torch.Tensor  # (L,) long
-    text: str  # the rendered text (image pads expanded)
+    token_ids: torch.Tensor  # (L,) long, image pads expanded
     item_spans: dict[int, tuple[int, int]] | None  # text item "item_id" -> [begin, end) token span
     field_spans: dict[str, tuple[int, int]] | None  # field name -> [begin, end) token span of its value
     # (both None when not traced, or when the chat template rewrites message text so spans cannot be traced)
+
+
+def _control_pattern(processor) -> re.Pattern:
+    """A regex matching any added token of the processor's tokenizer (longest first), cached on it."""
+    pattern = getattr(processor, "_mmkv_control_pattern", None)
+    if pattern is None:
+        tokens = sorted(processor.tokenizer.get_added_vocab(), key=len, reverse=True)
+        pattern = re.compile("|".join(re.escape(t) for t in tokens)) if tokens else re.compile(r"(?!x)x")
+        processor._mmkv_control_pattern = pattern
+    return pattern
+
+
+def encode_parts(
+    processor,
+    parts: Sequence[tuple[str, bool]],
+    offsets: bool = False,
+    pad_counts: Sequence[int] | None = None,
+) -> tuple[torch.Tensor, dict[int, tuple[int, int]] | None]:
+    """Token ids of ``parts`` joined, where a part ``(text, True)`` is template text (its added tokens become
+    control ids) and ``(text, False)`` is plain text (never a control id). Consecutive plain stretches between
+    two control tokens are tokenised together, as the tokenizer itself would. With ``pad_counts``, the ``i``-th
+    ``<|image_pad|>`` of the template text becomes ``pad_counts[i]`` pads.
+
+    Returns ``(ids (L,), spans)``: ``spans[i]`` is the ``[begin, end)`` token span of part ``i`` (the tokens that
+    overlap its characters); ``spans`` is None unless ``offsets``. Raises ``ValueError`` when the template's
+    image placeholders do not match ``pad_counts``.
+    """
+    control = _control_pattern(processor)
+    vocab = processor.tokenizer.get_added_vocab()
+    pad, counts = processor.image_token_id, list(pad_counts or [])
+    units: list = []  # a list of control ids, or [run text, [(part index, char begin, char end), ...]]
+    placeholders = 0
+    for index, (text, is_template) in enumerate(parts):
+        cursor = 0
+        for match in control.finditer(text) if is_template else ():
+            _append_plain(units, text[cursor : match.start()], index)
+            token = vocab[match.group(0)]
+            if pad_counts is not None and token == pad:
+                if placeholders >= len(counts):
+                    raise ValueError(
+                        f"the template rendered more image placeholders than the {len(counts)} images"
+                    )
+                units.append((token, counts[placeholders]))
+                placeholders += 1
+            else:
+                units.append((token, 1))
+            cursor = match.end()
+        _append_plain(units, text[cursor:], index)
+    if pad_counts is not None and placeholders != len(counts):
+        raise ValueError(
+            f"the template rendered {placeholders} image placeholders but {len(counts)} images were given"
+        )
+    runs = [u for u in units if isinstance(u, list)]
+    encoded = processor.tokenizer(
+        [run[0] for run in runs] or [""],
+        add_special_tokens=False,
+        split_special_tokens=True,
+        return_offsets_mapping=offsets,
+    )
+    chunks: list[torch.Tensor] = []
+    spans: dict[int, tuple[int, int]] = {}
+    length, run_index = 0, 0
+    for unit in units:
+        if isinstance(unit, tuple):
+            chunks.append(torch.full((unit[1],), unit[0], dtype=torch.long))
+            length += unit[1]
+            continue
+        run_ids = encoded["input_ids"][run_index]
+        if offsets:
+            mapping = encoded["offset_mapping"][run_index]
+            starts, ends = [s for s, _ in mapping], [e for _, e in mapping]
+            for part, begin, end in unit[1]:
+                first, last = bisect.bisect_right(ends, begin), bisect.bisect_left(starts, end)
+                if begin == end:  # an empty part: a zero-width span where it sits
+                    first = last = bisect.bisect_left(starts, begin)
+                old = spans.get(part)
+                spans[part] = (length + first if old is None else old[0], length + max(last, first))
+        chunks.append(torch.tensor(run_ids, dtype=torch.long))
+        length += len(run_ids)
+        run_index += 1
+    ids = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.long)
+    return ids, (spans if offsets else None)
+
+
+def _append_plain(units: list, text: str, part: int) -> None:
+    """Add ``text`` of part ``part`` to the plain run being built (a new run after a control token)."""
+    if not units or not isinstance(units[-1], list):
+        units.append(["", []])
+    run = units[-1]
+    run[1].append((part, len(run[0]), len(run[0]) + len(text)))
+    run[0] += text
 
 
 def render_prompt(
@@ -41,20 +146,19 @@ def render_prompt(
     add_generation_prompt: bool,
     trace: bool = True,
 ) -> RenderedPrompt:
-    """Render ``messages`` with ``processor``'s chat template, expand the image pads for ``grids`` (one row per
-    image item, in order) and tokenise; with ``trace``, the token spans of every text item (by ``item_id``) and
-    of its fields' values come along. Changes nothing.
+    """Render ``messages`` with ``processor``'s chat template, every text item as plain text, every image's
+    placeholder expanded to its pads for ``grids`` (one row per image item, in order); with ``trace``, the token
+    spans of every text item (by ``item_id``) and of its fields' values come along. Changes nothing.
 
-    Spans are found by rendering with a private-use marker in place of each text item and substituting the
-    text afterwards; if that differs from a direct rendering (a template that rewrites text), spans are None.
-    ``trace=False`` skips that second rendering (spans None): the ids alone, as cheap as a plain rendering.
+    Raises ``UnsupportedInputError`` only for a template that rewrites message text while some text holds a
+    control-token string (see the module docstring).
     """
     marked, direct, items = [], [], []
     for message in messages:
         marked_content, direct_content = [], []
         for item in message.items:
             if isinstance(item, TextItem):
-                marked_content.append({"type": "text", "text": f"\ue000{len(items)}\ue001"})
+                marked_content.append({"type": "text", "text": _MARK.format(len(items))})
                 direct_content.append({"type": "text", "text": item.text})
                 items.append(item)
             else:
@@ -62,46 +166,59 @@ def render_prompt(
                 direct_content.append({"type": "image"})
         marked.append({"role": message.role, "content": marked_content})
         direct.append({"role": message.role, "content": direct_content})
-    text = processor.expand_image_pads(processor.apply_chat_template(direct, add_generation_prompt), grids)
+    pieces = re.split(_MARK_PATTERN, processor.apply_chat_template(marked, add_generation_prompt))
+    # pieces: template literal, item index, literal, item index, ..., literal; items are cut at their fields
+    parts: list[tuple[str, bool]] = []
+    tags: list[tuple[int, str | None] | None] = []  # per part: None (template) or (item index, field or None)
+    for k, piece in enumerate(pieces):
+        if k % 2 == 0:
+            parts.append((piece, True))
+            tags.append(None)
+            continue
+        item = items[int(piece)]
+        spans = fill_template(item.template, item.field_map)[1] if item.fields and trace else {}
+        for text, name in _split_at(item.text, spans):
+            parts.append((text, False))
+            tags.append((int(piece), name))
+    if "".join(text for text, _ in parts) != processor.apply_chat_template(direct, add_generation_prompt):
+        return _render_untraced(processor, direct, items, grids, add_generation_prompt)
+    counts = [processor.num_image_tokens(g) for g in grids]
+    ids, spans = encode_parts(processor, parts, offsets=trace, pad_counts=counts)
     if not trace:
-        return RenderedPrompt(torch.tensor(processor.encode_text(text), dtype=torch.long), text, None, None)
-    template = processor.expand_image_pads(
-        processor.apply_chat_template(marked, add_generation_prompt), grids
-    )
-    parts, char_items, char_fields, cursor, length = [], {}, {}, 0, 0
-    for match in _MARK.finditer(template):
-        item = items[int(match.group(1))]
-        literal = template[cursor : match.start()]
-        parts.append(literal)
-        length += len(literal)
-        body = item.text
-        char_items[item.item_id] = (length, length + len(body))
-        if item.fields:
-            _, spans = fill_template(item.template, item.field_map)
-            for name, (b, e) in spans.items():
-                char_fields[name] = (length + b, length + e)
-        parts.append(body)
-        length += len(body)
-        cursor = match.end()
-    parts.append(template[cursor:])
-    traced = "".join(parts) == text
-    encoded = processor.tokenizer(text, add_special_tokens=False, return_offsets_mapping=traced)
-    ids = torch.tensor(encoded["input_ids"], dtype=torch.long)
-    if not traced:
-        return RenderedPrompt(ids, text, None, None)
-    offsets = encoded["offset_mapping"]
-    ends = [e for _, e in offsets]
+        return RenderedPrompt(ids, None, None)
+    item_spans: dict[int, tuple[int, int]] = {}
+    field_spans: dict[str, tuple[int, int]] = {}
+    for part, tag in enumerate(tags):
+        if tag is None or part not in spans:
+            continue
+        item_id, (begin, end) = items[tag[0]].item_id, spans[part]
+        old = item_spans.get(item_id)
+        item_spans[item_id] = (begin, end) if old is None else (min(old[0], begin), max(old[1], end))
+        if tag[1] is not None:
+            field_spans[tag[1]] = (begin, end)
+    return RenderedPrompt(ids, item_spans, field_spans)
 
-    def tokens(span: tuple[int, int]) -> tuple[int, int]:  # the tokens overlapping a character span
-        begin = bisect.bisect_right(ends, span[0])
-        end = begin
-        while end < len(offsets) and offsets[end][0] < span[1]:
-            end += 1
-        return begin, end
 
-    return RenderedPrompt(
-        ids,
-        text,
-        {key: tokens(span) for key, span in char_items.items()},
-        {name: tokens(span) for name, span in char_fields.items()},
-    )
+def _split_at(text: str, spans: dict[str, tuple[int, int]]) -> list[tuple[str, str | None]]:
+    """``text`` cut at the field value spans: ``[(text, field name or None), ...]`` in order."""
+    out, cursor = [], 0
+    for name, (b, e) in sorted(spans.items(), key=lambda kv: kv[1]):
+        out += [(text[cursor:b], None), (text[b:e], name)]
+        cursor = e
+    out.append((text[cursor:], None))
+    return out
+
+
+def _render_untraced(processor, direct, items, grids, add_generation_prompt) -> RenderedPrompt:
+    """The fallback for a template that rewrites text: its direct rendering, after refusing control-token
+    strings in any text (they could not be kept apart from the template's own)."""
+    control = _control_pattern(processor)
+    for item in items:
+        found = control.search(item.text)
+        if found:
+            raise UnsupportedInputError(
+                f"this chat template rewrites message text, so text holding the control token {found.group(0)!r} "
+                "cannot be kept apart from the template's own; remove it from the text"
+            )
+    text = processor.expand_image_pads(processor.apply_chat_template(direct, add_generation_prompt), grids)
+    return RenderedPrompt(torch.tensor(processor.encode_text(text), dtype=torch.long), None, None)

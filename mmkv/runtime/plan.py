@@ -70,7 +70,16 @@ class ImageReuse:
 
     index: int  # the image's number in the conversation (0-based, in order of add_image)
     digest: str  # its content digest
-    source: SourceKind  # "live" (kept prefix), "memory"/"disk" (store tier), "computed" (vision tower ran)
+    source: SourceKind  # where its language-model KV came from: "live" (kept prefix), "memory"/"disk" (a KV
+    # store tier: spliced), "computed" (prefilled this turn)
+    encoder: str | None = None  # where its vision outputs came from when the turn needed them: "memory" /
+    # "disk" (encoder store), "computed" (the vision tower ran); None when not needed (KV live or fully spliced)
+
+    @property
+    def reused_from(self) -> str:
+        """The tier of the cached work this image used: its KV's source unless computed, else its vision
+        outputs' (``"computed"`` when neither was cached)."""
+        return self.source if self.source != "computed" else (self.encoder or "computed")
 
 
 @dataclass(frozen=True)
@@ -340,13 +349,14 @@ def _plan_image(
         if segment is not None:
             if not torch.equal(segment.token_ids.cpu(), span_ids.cpu()):
                 raise StoreMismatchError("the stored KV is for other tokens than this image's span")
-            builder.images.append(ImageReuse(index, image.digest, tier))
             seam_pads = min(max(policy.seam - 1, 0), num_pads)  # the seam's first token is <|vision_start|>
+            encoder = sources.encoder_tier(image) if seam_pads else None
+            builder.images.append(ImageReuse(index, image.digest, tier, encoder))
             if seam_pads:
                 builder.features.append(FeatureSlice(index, range(seam_pads)))
             _plan_seamed(builder, start, segment, policy.seam)
             return
-    builder.images.append(ImageReuse(index, image.digest, sources.encoder_tier(image)))
+    builder.images.append(ImageReuse(index, image.digest, "computed", sources.encoder_tier(image)))
     builder.features.append(FeatureSlice(index, range(num_pads)))
     builder.compute(start, length)
     if policy.reuse == "kv":

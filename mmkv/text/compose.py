@@ -14,11 +14,13 @@ from dataclasses import fields as dataclass_fields
 
 from ..cache.digest import text_digest
 from ..cache.store import ImageKVStore
+from ..conversation import check_text
 from ..fields import fill_template, validate_fields
 from ..kv.prefill import prefill_span
 from ..kv.segment import KVSegment
 from ..kv.spans import text_span
 from ..model.handle import ModelHandle
+from ..prompt.render import encode_parts
 
 __all__ = ["TextSegment", "canonical_preamble", "precompile"]
 
@@ -67,12 +69,14 @@ def precompile(
     """
     if not isinstance(text, str) or not text:
         raise ValueError("precompile needs a non-empty str")
+    check_text(text, "text")
     fields = validate_fields(text, fields or {})
     filled, _ = fill_template(text, fields)
     preamble = canonical_preamble(model, role) if preamble is None else preamble
-    encode = model.processor.encode_text
-    preamble_ids = encode(preamble)
-    joined = encode(preamble + filled)
+    check_text(preamble, "preamble")
+    # the preamble is template text (its control tokens are real), the text is plain text, as a session renders it
+    preamble_ids = encode_parts(model.processor, [(preamble, True)])[0].tolist()
+    joined = encode_parts(model.processor, [(preamble, True), (filled, False)])[0].tolist()
     if joined[: len(preamble_ids)] != preamble_ids:
         raise ValueError(
             "the preamble's last token merges with the text; end the preamble at a token boundary"

@@ -87,7 +87,8 @@ def test_other_policies_never_splice_or_store(reuse):
         _layout([("text", 2), ("image", 4, 0), ("text", 2)]), IMAGES, 0, TurnPolicy(reuse), sources
     )
     assert sources.asked == [] and plan.splices == () and plan.writes == ()
-    assert plan.images[0].source == "disk" and plan.computed == ((0, 10),)
+    assert (plan.images[0].source, plan.images[0].encoder) == ("computed", "disk")  # KV computed, features cached
+    assert plan.images[0].reused_from == "disk" and plan.computed == ((0, 10),)
 
 
 def test_a_full_live_prefix_computes_only_the_last_token():
@@ -107,6 +108,7 @@ def test_a_store_hit_at_another_position_splices_after_its_seam(seam):
     layout = _layout([("text", 5), ("image", 4, 1), ("text", 3)])
     plan = plan_turn(layout, IMAGES, 5, TurnPolicy("kv", seam=seam), FakeSources(kv={"b": (stored, "disk")}))
     assert plan.images[0].source == "disk" and plan.writes == ()
+    assert plan.images[0].encoder == ("computed" if seam > 1 else None)  # seam pads need vision outputs
     (splice,) = plan.splices
     assert splice.start == 5 + seam and torch.equal(splice.segment.token_ids, stored.token_ids[seam:])
     head = ((5, seam),) if seam else ()
