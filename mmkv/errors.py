@@ -9,9 +9,11 @@ from __future__ import annotations
 __all__ = [
     "EmptyImageError",
     "ImageError",
+    "ImageShapeError",
     "ImageTooLargeError",
     "MmkvError",
     "ModelNotFoundError",
+    "PromptTooLongError",
     "StoreMismatchError",
     "StoreUnavailableError",
     "UnreadableImageError",
@@ -44,6 +46,10 @@ class ImageTooLargeError(ImageError):
     """An image whose pixel count exceeds the bound (a decompression bomb, or simply too big)."""
 
 
+class ImageShapeError(ImageError):
+    """An image of a shape the model's processor refuses (an aspect ratio over 200:1)."""
+
+
 class EmptyImageError(ImageError):
     """An image with zero width or height."""
 
@@ -59,3 +65,7 @@ class StoreMismatchError(MmkvError, ValueError):
 class StoreUnavailableError(MmkvError, OSError):
     """A store's directory cannot be opened: a file where the directory should be, no permission, a corrupt
     index, a full disk. The message says which and what to do. (Once open, storage faults never raise.)"""
+
+
+class PromptTooLongError(MmkvError, ValueError):
+    """A prompt that needs more positions than the model has (``max_position_embeddings``)."""

@@ -1,27 +1,47 @@
 """Turning what users hand us (a PIL image, a path, bytes) into a plain RGB image, or a clear error.
 
 ``load_image`` checks the declared size against a pixel bound *before* decoding (a decompression bomb is
-refused without allocating it), decodes fully (a truncated file fails here, not later), applies the EXIF
-orientation, and normalises the mode: transparency is composited over white (as Qwen-VL's own tooling does),
-palette, grayscale, CMYK and 1-bit images become RGB, 16-bit and 32-bit integer images are scaled to 8 bits.
-The result is what ``image_digest`` hashes and what the processor sees.
+refused without allocating it) and the aspect ratio against what Qwen-VL processors take (at most 200:1),
+decodes fully (a truncated file fails here, not later: for PNG, also one whose data holds fewer rows than its
+header declares), applies the EXIF orientation, and normalises the mode: transparency is composited over white
+(as Qwen-VL's own tooling does), palette, grayscale, CMYK and 1-bit images become RGB, 16-bit and 32-bit integer
+images are scaled to 8 bits, and 32-bit float (``"F"``) images are read as PIL reads them, 0-255 (PIL's own
+``convert("F")`` and ``convert("L")`` use that scale; multiply 0-1 data by 255 first), with NaN or infinite
+pixels refused. Of an animated image (GIF, APNG, WebP) the **first frame** is used. The result is what
+``image_digest`` hashes and what the processor sees.
+
+URLs are not fetched here (a string is a file path): the server fetches ``http(s)`` images only for hosts its
+``--allowed-media-domains`` allows.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import re
+import struct
 import warnings
+import zlib
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageOps
 
-from .errors import EmptyImageError, ImageTooLargeError, UnreadableImageError, UnsupportedInputError
+from .errors import (
+    EmptyImageError,
+    ImageShapeError,
+    ImageTooLargeError,
+    UnreadableImageError,
+    UnsupportedInputError,
+)
 
-__all__ = ["DEFAULT_MAX_PIXELS", "ImageSource", "load_image"]
+__all__ = ["DEFAULT_MAX_PIXELS", "MAX_ASPECT_RATIO", "ImageSource", "load_image"]
 
 DEFAULT_MAX_PIXELS = 64 * 1024 * 1024  # 64 megapixels: far above any screenshot, far below a bomb
+MAX_ASPECT_RATIO = 200  # Qwen-VL's smart_resize refuses longer / shorter sides beyond this ratio
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # by colour type
+_ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2))
 ImageSource = Image.Image | str | os.PathLike | bytes | bytearray | memoryview
 
 
@@ -34,6 +54,11 @@ def _open(source: ImageSource) -> Image.Image:
         stream = io.BytesIO(bytes(source))
         label = f"{len(source)} bytes"
     elif isinstance(source, (str, os.PathLike)):
+        if isinstance(source, str) and re.match(r"(?i)^[a-z][a-z0-9+.-]*://", source):
+            raise UnsupportedInputError(
+                f"{source[:80]!r} is a URL; the library does not fetch URLs (download the image and pass the "
+                "file or its bytes; the server fetches http(s) images for hosts in --allowed-media-domains)"
+            )
         path = Path(source)
         if not path.is_file():
             raise UnreadableImageError(f"no image file at {str(path)!r}")
@@ -59,8 +84,10 @@ def _to_rgb(image: Image.Image) -> Image.Image:
         top = 65535.0 if mode.startswith("I;16") or array.max() > 255 else 255.0
         image = Image.fromarray(np.clip(array / top * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
     elif mode == "F":
-        array = np.asarray(image, dtype=np.float64)
-        image = Image.fromarray(np.clip(array * 255.0 + 0.5, 0, 255).astype(np.uint8), "L")
+        array = np.asarray(image, dtype=np.float64)  # (H, W), PIL's 0-255 scale
+        if not np.isfinite(array).all():
+            raise UnreadableImageError("the float image has NaN or infinite pixels; replace them first")
+        image = Image.fromarray(np.clip(array + 0.5, 0, 255).astype(np.uint8), "L")
     if image.mode == "P" and "transparency" in image.info or image.mode in ("PA", "LA"):
         image = image.convert("RGBA")
     if image.mode == "RGBA":
@@ -86,11 +113,70 @@ def load_image(source: ImageSource, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
             f"the image is {width}x{height} = {width * height:,} pixels, over the bound of {max_pixels:,}; "
             f"downscale it or raise max_pixels"
         )
+    if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+        raise ImageShapeError(
+            f"the image is {width}x{height}, an aspect ratio over {MAX_ASPECT_RATIO}:1, which Qwen-VL processors "
+            "refuse; crop or pad it"
+        )
+    if getattr(image, "format", None) == "PNG":
+        _check_png_rows(source, width, height)
+    frame = image.tell() if getattr(image, "n_frames", 1) > 1 else 0  # a caller's image: put its frame back
     try:
+        if frame:
+            image.seek(0)  # the first frame of an animated image
         image.load()
-        image = ImageOps.exif_transpose(image)
-        return _to_rgb(image)
-    except (ImageTooLargeError, EmptyImageError):
+        return _to_rgb(ImageOps.exif_transpose(image))
+    except (ImageTooLargeError, EmptyImageError, UnreadableImageError):
         raise
     except Exception as exc:
         raise UnreadableImageError(f"the image could not be decoded ({type(exc).__name__}: {exc})") from exc
+    finally:
+        if frame:
+            image.seek(frame)
+
+
+def _check_png_rows(source: ImageSource, width: int, height: int) -> None:
+    """Raise ``UnreadableImageError`` when a PNG's image data decompresses to fewer bytes than its header's
+    rows need (PIL fills the missing rows with black without a word). PIL images passed in are not checked."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+    elif isinstance(source, (str, os.PathLike)):
+        data = Path(source).read_bytes()
+    else:
+        return
+    if not data.startswith(_PNG_SIGNATURE):
+        return
+    cursor, header, idat = len(_PNG_SIGNATURE), None, []
+    while cursor + 8 <= len(data):
+        (length,) = struct.unpack(">I", data[cursor : cursor + 4])
+        kind = data[cursor + 4 : cursor + 8]
+        body = data[cursor + 8 : cursor + 8 + length]
+        if kind == b"IHDR" and len(body) == 13:
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat.append(body)
+        elif kind == b"IEND":
+            break
+        cursor += 12 + length
+    if header is None or header[3] not in _PNG_CHANNELS:
+        return
+    _, _, depth, colour, _, _, interlace = header
+    bits = _PNG_CHANNELS[colour] * depth
+
+    def row_bytes(w: int) -> int:
+        return 1 + (w * bits + 7) // 8  # one filter byte per row
+
+    passes = _ADAM7 if interlace else ((0, 0, 1, 1),)
+    expected = 0
+    for x0, y0, dx, dy in passes:
+        w, h = (width - x0 + dx - 1) // dx, (height - y0 + dy - 1) // dy
+        expected += h * row_bytes(w) if w > 0 and h > 0 else 0
+    try:
+        got = len(zlib.decompressobj().decompress(b"".join(idat), expected + 1))
+    except zlib.error as exc:
+        raise UnreadableImageError(f"the PNG's image data is corrupt ({exc})") from exc
+    if got < expected:
+        rows = got * height // max(1, expected)
+        raise UnreadableImageError(
+            f"the PNG is truncated: its header declares {height} rows, its data holds about {rows}"
+        )

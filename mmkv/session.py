@@ -1,37 +1,30 @@
 """``Session``: a multi-turn conversation over one model that never pays twice for the same picture.
 
-A thin facade over the runtime: a ``Conversation`` (what was said), a ``LiveCache`` (the KV held now) and, per
-turn, ``TurnSources`` (the stores). Each turn brings the live cache up to the rendered conversation with the
-least work, then decodes:
-
-1. **lay out** the conversation (``mmkv.prompt.lay_out``: the model's own chat template and processor, the
-   images outside the ``window`` left out, the question joined);
-2. keep the **matching prefix** of the live cache (same ids and positions: exact), cut the rest;
-3. **plan** every later token (``plan_turn``): under ``reuse="kv"`` images in the store are spliced,
-   re-rotated to their new start, with the first ``seam`` tokens recomputed in context, and text cut off the
-   live cache (after an image left the window) or precompiled (``add_segment``) is spliced too; under
-   ``"encoder"`` images are prefilled from cached vision outputs (exact); under ``"none"`` all is computed;
-4. **execute** the plan in one forward call (``execute``);
-5. **flush** the turn's store writes, after the first token is known;
-6. **decode** the answer (``generate``: greedy, or sampled).
-
-A failed turn leaves the conversation as it was and the live cache empty (rebuilt next turn). ``edit`` changes
-a named field in the live cache (``mmkv.text.edit``). Splicing KV computed after another prefix is an
-approximation (position-independent caching) that the evals measure; re-rotation itself is exact.
+A thin facade over a ``Conversation`` (what was said), a ``LiveCache`` (the KV held now) and, per turn,
+``TurnSources`` (the stores). A turn (``_bring_up_to_date``, then decoding) runs: 1. lay out the conversation
+(``lay_out``: the model's chat template, the window, the question joined); 2. keep the live cache's matching
+prefix; 3. plan the rest (``plan_turn``: under ``kv`` stored images and cut-off or precompiled text are spliced,
+re-rotated, with ``seam`` tokens recomputed; ``encoder`` prefills from cached vision outputs; ``none`` computes
+all); 4. execute it (one forward call); 5. flush the store writes (after the first token); 6. decode
+(``generate``). A failed turn leaves the conversation as it was and the live cache empty. Splicing KV computed
+after another prefix is an approximation the evals measure; re-rotation itself is exact.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from .cache import EncoderStore, ImageDigest, ImageKVStore, image_digest
+from .config import SessionConfig, check_int, check_question, check_stores
 from .conversation import Conversation, ConversationImage
-from .errors import StoreMismatchError
-from .images import DEFAULT_MAX_PIXELS, ImageSource, load_image
+from .errors import PromptTooLongError
+from .images import ImageSource, load_image
 from .kv import KVSegment
 from .kv.vision import ImageFeatures
 from .model.handle import ModelHandle
@@ -44,7 +37,6 @@ from .runtime import (
     PrefillStats,
     ReusePolicy,
     Sampling,
-    TurnPolicy,
     TurnSources,
     execute,
     generate,
@@ -57,30 +49,21 @@ from .runtime import (
 __all__ = ["Answer", "ImageReuse", "PrefillStats", "ReusePolicy", "Session", "SessionConfig"]
 
 
-@dataclass(frozen=True)
-class SessionConfig:
-    """How a session reuses work. Validated on construction."""
+def _exclusive(method):
+    """Run ``method`` holding the session's lock: calls from several threads take turns, so a session shared by
+    threads answers each call as some serial order of them would (never a mix)."""
 
-    reuse: ReusePolicy = "kv"  # "kv" (splice cached KV), "encoder" (cached vision outputs), "none"
-    seam: int = 1  # kv: leading tokens of a spliced image recomputed in context (0: pure splice)
-    window: int | None = None  # keep only the last N images in the prompt (None: all)
-    rotate: bool = True  # kv: re-rotate spliced keys (False only for the no-rotation control)
-    rotate_axes: tuple[int, ...] = (0, 1, 2)  # kv: axes re-rotated; (0,) is the temporal-only ablation
-    max_image_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger inputs (decompression bombs)
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
 
-    def __post_init__(self) -> None:
-        self.policy  # noqa: B018 (validates reuse, seam, rotate_axes)
-        if self.window is not None and self.window < 1:
-            raise ValueError(f"window must be None or >= 1, got {self.window}")
-
-    @property
-    def policy(self) -> TurnPolicy:
-        """The per-turn reuse settings."""
-        return TurnPolicy(self.reuse, self.seam, self.rotate, tuple(self.rotate_axes))
+    return locked
 
 
 class Session:
-    """A conversation over one model with image and KV reuse. Not thread-safe; one live cache per session."""
+    """A conversation over one model with image and KV reuse; one live cache per session. Safe to share between
+    threads: every public call holds the session's lock (calls take turns)."""
 
     def __init__(
         self,
@@ -97,16 +80,8 @@ class Session:
         directory) to reuse images across sessions and processes. ``config`` overrides the keyword settings."""
         self.model = model
         self.config = config or SessionConfig(reuse=reuse, seam=seam, window=window)
-        self.store = store if store is not None else ImageKVStore()
-        self.encoder_store = encoder_store if encoder_store is not None else EncoderStore()
-        if not isinstance(self.store, ImageKVStore):
-            raise StoreMismatchError(
-                f"store must be a KVStore (ImageKVStore), got {type(self.store).__name__}"
-            )
-        if not isinstance(self.encoder_store, EncoderStore):
-            raise StoreMismatchError(
-                f"encoder_store must be an EncoderStore, got {type(self.encoder_store).__name__}"
-            )
+        self.store, self.encoder_store = check_stores(store, encoder_store)
+        self._lock = threading.RLock()
         self.conversation = Conversation()
         self.live = LiveCache(model)
         self.last_prefill = PrefillStats()  # what the latest ask / next_token_logits / prefill took
@@ -127,6 +102,7 @@ class Session:
         """The current value of each named field."""
         return self.conversation.field_values
 
+    @_exclusive
     def add_text(
         self,
         text: str,
@@ -141,6 +117,7 @@ class Session:
         Raises ``TypeError``/``ValueError`` with the session unchanged."""
         self.conversation.add_text(text, role, fields, new_message=new_message)
 
+    @_exclusive
     def add_segment(self, segment: KVSegment, seam: int = 1, role: str = "user") -> None:
         """Append a precompiled text segment (``mmkv.text.precompile``) as ``role``'s text. Under ``reuse="kv"``
         its KV is spliced, re-rotated to where it lands, with its first ``seam`` tokens recomputed in context;
@@ -152,10 +129,10 @@ class Session:
             raise TypeError(
                 f"add_segment takes a TextSegment from mmkv.text.precompile, got {type(segment).__name__}"
             )
-        if seam < 0:
-            raise ValueError(f"seam must be >= 0, got {seam}")
+        check_int(seam, "seam", 0)
         self.conversation.add_text(segment.template, role, dict(segment.fields), segment=segment, seam=seam)
 
+    @_exclusive
     def add_image(self, image: ImageSource) -> ImageDigest:
         """Append an image (PIL image, path or bytes) to the current user message; returns its digest. Raises an
         ``mmkv.ImageError`` / ``UnsupportedInputError`` for bad input, leaving the session unchanged."""
@@ -165,6 +142,7 @@ class Session:
         self.conversation.add_image(ConversationImage(pixels, digest, processor.image_grid(pixels)))
         return digest
 
+    @_exclusive
     def fork(self, **settings) -> Session:
         """A new session over the same model and stores with a copy of this conversation and an empty live
         cache; ``settings`` override this session's ``SessionConfig`` fields (e.g. ``reuse="none"``)."""
@@ -174,20 +152,28 @@ class Session:
         other.conversation = self.conversation.fork()
         return other
 
+    @_exclusive
     def clear(self) -> None:
         """Forget the conversation and the live cache (the stores keep their entries)."""
         self.conversation.clear()
         self.live.reset()
 
     # ------------------------------------------------------------------------------------------------ turns
+    @_exclusive
     def ask(self, question: str, max_new_tokens: int = 32, sampling: Sampling = GREEDY) -> Answer:
         """Ask ``question`` as the user, decode the answer, append both to the conversation. On an error the
-        conversation is left as it was (the live cache is dropped and rebuilt next turn)."""
+        conversation is left as it was (the live cache is dropped and rebuilt next turn). Arguments are checked
+        first (``TypeError`` / ``ValueError`` naming the argument)."""
+        check_question(question)
+        check_int(max_new_tokens, "max_new_tokens", 1)
+        if not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling must be an mmkv.runtime.Sampling, got {type(sampling).__name__}")
         started = time.perf_counter()
         with self.live.dropped_on_error(), torch.inference_mode():
             logits, stats = self._bring_up_to_date(question)  # steps 1-5
             ttft = time.perf_counter() - started
-            generated = list(generate(self.model, self.live, logits, max_new_tokens, sampling))  # 6. decode
+            budget = min(max_new_tokens, self.model.max_positions - self.live.next_position + 1)
+            generated = list(generate(self.model, self.live, logits, budget, sampling))  # 6. decode
         text = self.model.tokenizer.decode(generated, skip_special_tokens=True).strip()
         self.conversation.add_text(question, "user")
         self.conversation.add_text(text, "assistant")
@@ -196,12 +182,15 @@ class Session:
             stats.prefilled, stats.reused, tuple(stats.images),
         )  # fmt: skip
 
+    @_exclusive
     def next_token_logits(self, question: str) -> torch.Tensor:
         """``(vocab,)`` float32 logits of the first answer token to ``question``. The conversation is unchanged
         (the live cache may hold the question afterwards; the next turn reuses what still matches)."""
+        check_question(question)
         with self.live.dropped_on_error(), torch.inference_mode():
             return self._bring_up_to_date(question)[0]
 
+    @_exclusive
     def prefill(self, reuse: ReusePolicy | None = None) -> PrefillStats:
         """Bring the live cache up to the conversation as it stands, with no question (e.g. while the user is
         still typing, or before an edit); ``reuse`` overrides the policy for this call. Nothing is computed when
@@ -217,6 +206,7 @@ class Session:
                     return PrefillStats(prompt_tokens=n, reused=n)
             return self._bring_up_to_date(None, add_generation_prompt=False, reuse=reuse)[1]
 
+    @_exclusive
     def edit(self, name: str, value: str, strategy: str = "suffix", **options):
         """Change field ``name`` to ``value`` in the context by ``strategy``: "erratum", "in_place",
         "selective" (options ``k``, ``rank``), "suffix" (exact) or "full"; returns an ``mmkv.text.EditReport``.
@@ -226,6 +216,7 @@ class Session:
         return edit_field(self, name, value, strategy, **options)
 
     # --------------------------------------------------------------------------------------------- rendering
+    @_exclusive
     def render(
         self, question: str | None = None, add_generation_prompt: bool = True
     ) -> tuple[torch.Tensor, list[int]]:
@@ -234,6 +225,7 @@ class Session:
         layout = self.prompt_layout(question, add_generation_prompt)
         return layout.token_ids, list(layout.image_order)
 
+    @_exclusive
     def prompt_layout(
         self, question: str | None = None, add_generation_prompt: bool = True, trace: bool = False
     ) -> PromptLayout:
@@ -258,6 +250,11 @@ class Session:
         # 1. lay out (spans traced only when precompiled segments may be spliced)
         trace = policy.reuse == "kv" and self.conversation.has_segments()
         layout = self.prompt_layout(question, add_generation_prompt, trace=trace)
+        if layout.num_positions > self.model.max_positions:
+            raise PromptTooLongError(
+                f"the prompt needs {layout.num_positions} positions; this model has {self.model.max_positions} "
+                "(max_position_embeddings). Use a smaller window or fewer turns"
+            )
         # 2. matching prefix: keep it, cut the rest (text cut off whole is kept aside for kv reuse)
         keep = self.live.matching_prefix(layout)
         reusable_text = self.live.truncate(keep, collect_text=policy.reuse == "kv")
@@ -275,6 +272,7 @@ class Session:
         return logits, stats
 
     # ----------------------------------------------------------------------- the edit protocol (mmkv.text.edit)
+    @_exclusive
     def replace_span(
         self, layout: PromptLayout, begin: int, old_end: int, new_end: int, extra: Sequence[int] = ()
     ) -> None:
@@ -284,6 +282,7 @@ class Session:
             replace_span(self.model, self.live, layout, self.conversation.images, sources, begin, old_end,
                          new_end, extra, self.config.policy)  # fmt: skip
 
+    @_exclusive
     def pad_features(self, layout: PromptLayout, indices: Sequence[int]) -> list[ImageFeatures]:
         """The vision outputs of the image pads among prompt ``indices``, in order (one record per image)."""
         runs = [(int(i), 1) for i in sorted(set(indices))]

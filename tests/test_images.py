@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -102,3 +104,71 @@ def test_zero_size_and_wrong_types_and_missing_files(tmp_path):
         load_image(42)
     with pytest.raises(mmkv.UnreadableImageError, match="no image file"):
         load_image(tmp_path / "missing.png")
+
+
+def _with_declared_height(data: bytes, height: int) -> bytes:
+    """A PNG's bytes with the IHDR height field replaced (its CRC fixed), the image data left as it was."""
+    out = bytearray(data)
+    out[20:24] = struct.pack(">I", height)
+    out[29:33] = struct.pack(">I", zlib.crc32(bytes(out[12:29])) & 0xFFFFFFFF)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("interlace", [False, True])
+@pytest.mark.parametrize("mode", ["RGB", "L", "P"])
+def test_a_png_with_fewer_rows_than_its_header_declares_is_refused(rgb, tmp_path, mode, interlace):
+    """Header rows > data rows (plain and Adam7-interlaced, several colour types): UnreadableImageError from
+    bytes and from a path, where PIL itself would fill the missing rows with black."""
+    data = _png_bytes(rgb.convert(mode), interlace=interlace) if interlace else _png_bytes(rgb.convert(mode))
+    short = _with_declared_height(data, 40)
+    assert Image.open(io.BytesIO(short)).size == (24, 40)
+    with pytest.raises(mmkv.UnreadableImageError, match="truncated: its header declares 40 rows"):
+        load_image(short)
+    path = tmp_path / "short.png"
+    path.write_bytes(short)
+    with pytest.raises(mmkv.UnreadableImageError, match="truncated"):
+        load_image(path)
+    assert load_image(data).size == (24, 16)  # the intact file still loads
+
+
+def test_float_images_use_pils_0_to_255_scale_and_distinct_images_stay_distinct(rgb):
+    """A "F" image from PIL's own convert("F") loads as its "L" version would; two different float images give
+    two different results (no longer both white); NaN and infinite pixels are refused."""
+    gray = rgb.convert("L")
+    as_float = gray.convert("F")
+    assert np.array_equal(np.asarray(load_image(as_float)), np.asarray(load_image(gray)))
+    other = Image.fromarray(255 - np.asarray(gray)).convert("F")
+    assert not np.array_equal(np.asarray(load_image(as_float)), np.asarray(load_image(other)))
+    for bad in (np.nan, np.inf, -np.inf):
+        array = np.asarray(as_float).copy()
+        array[3, 4] = bad
+        with pytest.raises(mmkv.UnreadableImageError, match="NaN or infinite"):
+            load_image(Image.fromarray(array, "F"))
+
+
+@pytest.mark.parametrize("size", [(201, 1), (1, 201), (4020, 10)])
+def test_an_aspect_ratio_over_200_is_refused_clearly(size):
+    """Wider or taller than 200:1: ImageShapeError saying so (not transformers' raw ValueError)."""
+    with pytest.raises(mmkv.ImageShapeError, match="aspect ratio over 200:1"):
+        load_image(Image.new("RGB", size))
+    assert load_image(Image.new("RGB", (200, 1))).size == (200, 1)
+
+
+def test_the_first_frame_of_an_animated_image_is_used():
+    """A GIF whose first frame is red and second blue loads as the red frame, from bytes and after seeking."""
+    frames = [Image.new("RGB", (8, 8), (255, 0, 0)), Image.new("RGB", (8, 8), (0, 0, 255))]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
+    opened = Image.open(io.BytesIO(buffer.getvalue()))
+    opened.seek(1)
+    for source in (buffer.getvalue(), opened):
+        red, green, blue = np.asarray(load_image(source)).reshape(-1, 3).mean(0)
+        assert red > 200 and blue < 50
+    assert opened.tell() == 1  # the caller's image is left on its frame
+
+
+@pytest.mark.parametrize("url", ["https://example.com/a.png", "http://10.0.0.1/x.jpg", "file:///etc/passwd"])
+def test_a_url_is_not_fetched_and_says_so(url):
+    """A URL string is refused with UnsupportedInputError saying the library does not fetch URLs."""
+    with pytest.raises(mmkv.UnsupportedInputError, match="does not fetch URLs"):
+        load_image(url)

@@ -142,6 +142,11 @@ class ModelHandle:
         return int(self.text_config.num_hidden_layers)
 
     @property
+    def max_positions(self) -> int:
+        """Positions the language model supports (``max_position_embeddings``; unbounded when unset)."""
+        return int(getattr(self.text_config, "max_position_embeddings", None) or 1 << 62)
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V one token occupies over all layers."""
         cfg = self.text_config

@@ -143,6 +143,11 @@ class PromptLayout:
         """Tokens in the prompt."""
         return int(self.token_ids.shape[0])
 
+    @property
+    def num_positions(self) -> int:
+        """Position slots the prompt occupies (its largest position + 1; 0 when empty)."""
+        return int(self.positions.max()) + 1 if self.num_tokens else 0
+
     def image_of(self, piece: PromptPiece) -> int:
         """The conversation image index of an image piece."""
         assert piece.kind == "image" and piece.image_index is not None

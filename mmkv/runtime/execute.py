@@ -31,13 +31,16 @@ __all__ = ["attention_mask", "execute", "replace_span", "resolve_features"]
 
 
 def attention_mask(entry_index: torch.Tensor, query_index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``(1, 1, Q, K)`` additive mask (0 = attend, dtype's min = not): query ``q`` (prompt index
-    ``query_index[q]``) sees cache entry ``k`` iff ``entry_index[k] <= query_index[q]``.
+    """``(1, 1, Q, K)`` mask: query ``q`` (prompt index ``query_index[q]``) sees cache entry ``k`` iff
+    ``entry_index[k] <= query_index[q]``. ``dtype=torch.bool``: True = attend (sdpa); a float dtype: additive,
+    0 = attend, the dtype's min = not (eager attention adds it).
 
-    >>> attention_mask(torch.tensor([0, 2, 1]), torch.tensor([1]), torch.float32).eq(0).tolist()
+    >>> attention_mask(torch.tensor([0, 2, 1]), torch.tensor([1]), torch.bool).tolist()
     [[[[True, False, True]]]]
     """
     visible = entry_index[None, :] <= query_index[:, None]  # (Q, K)
+    if dtype == torch.bool:
+        return visible[None, None]  # (1, 1, Q, K)
     mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, torch.finfo(dtype).min)
     return mask[None, None]  # (1, 1, Q, K)
 
@@ -76,7 +79,12 @@ def execute(
 ) -> torch.Tensor:
     """Bring ``live`` (holding exactly ``plan.keep`` entries of ``layout``) to the whole prompt; returns the
     ``(vocab,)`` float32 logits after the last computed token. Mutates ``live`` (cache and record); on an
-    exception the live cache is in an undefined state (reset it)."""
+    exception the live cache is in an undefined state (reset it).
+
+    Memory stays bounded: when the one call's mask would exceed ``MASK_ELEMENTS`` entries, the computed tokens
+    before the last splice run in masked chunks of bounded size, the cache is put in prompt order, and the rest
+    (the computed tail, usually the bulk of new text) runs on the model's own causal path, with no mask at all:
+    so a splice never costs more attention memory than recomputing."""
     if live.num_tokens != plan.keep:
         raise ValueError(f"the live cache holds {live.num_tokens} entries; the plan keeps {plan.keep}")
     ids, positions, policy = layout.token_ids, layout.positions, plan.policy
@@ -90,23 +98,69 @@ def execute(
         append_to_cache(live.cache, placed)
         entry_index.append(torch.arange(splice.start, splice.end))
     computed = plan.computed_indices()  # (Q,)
-    entries = torch.cat([*entry_index, computed])  # (keep + spliced + Q,)
+    features = resolve_features(plan.features, images, sources)
+    entries = torch.cat(entry_index)  # (keep + spliced,)
+    if not plan.splices:
+        logits = _run(handle, live, layout, computed, features, None)
+    elif computed.numel() * (entries.numel() + computed.numel()) <= MASK_ELEMENTS:
+        logits = _run(handle, live, layout, computed, features, torch.cat([entries, computed]))
+        reorder_cache(live.cache, plan.keep, torch.argsort(torch.cat([entries, computed])[plan.keep :]))
+    else:
+        last_splice_end = max(splice.end for splice in plan.splices)
+        head, tail = computed[computed < last_splice_end], computed[computed >= last_splice_end]
+        chunk = max(1, MASK_ELEMENTS // (entries.numel() + head.numel()))
+        logits = None
+        for begin in range(0, head.numel(), chunk):
+            part = head[begin : begin + chunk]
+            taken, features = _take_features(
+                features, int((ids[part] == handle.processor.image_token_id).sum())
+            )
+            entries = torch.cat([entries, part])
+            logits = _run(handle, live, layout, part, taken, entries)
+        reorder_cache(live.cache, plan.keep, torch.argsort(entries[plan.keep :]))
+        if tail.numel():
+            logits = _run(handle, live, layout, tail, features, None)
+    live.record(layout)
+    return logits
+
+
+MASK_ELEMENTS = 1 << 24  # (queries x keys) entries one masked call may build: 16 MB as bool, 64 MB as float32
+
+
+def _run(handle, live, layout, computed, features, entries) -> torch.Tensor:
+    """One ``prefill_span`` over prompt indices ``computed``; with ``entries`` (the prompt index of every cache
+    entry, the computed ones last) under the mask they imply, else on the causal path."""
     mask = None
-    if plan.splices:
-        mask = attention_mask(entries, computed, handle.dtype).to(handle.device)
-    result = prefill_span(
+    if entries is not None:
+        eager = handle.model.config.get_text_config()._attn_implementation == "eager"
+        mask_dtype = handle.dtype if eager else torch.bool  # eager adds the mask; sdpa takes booleans
+        mask = attention_mask(entries, computed, mask_dtype).to(handle.device)
+    return prefill_span(
         handle,
-        ids[computed],
-        positions[:, computed],
+        layout.token_ids[computed],
+        layout.positions[:, computed],
         context=live.cache,
-        features=resolve_features(plan.features, images, sources),
+        features=features,
         attention_mask=mask,
         keep_segment=False,
-    )
-    if plan.splices:
-        reorder_cache(live.cache, plan.keep, torch.argsort(entries[plan.keep :]))
-    live.record(layout)
-    return result.logits
+    ).logits
+
+
+def _take_features(
+    features: list[ImageFeatures], num_pads: int
+) -> tuple[list[ImageFeatures], list[ImageFeatures]]:
+    """The first ``num_pads`` pads' vision outputs of ``features`` (in order), and the rest."""
+    taken, rest = [], list(features)
+    while num_pads and rest:
+        first = rest.pop(0)
+        if first.num_pads <= num_pads:
+            taken.append(first)
+            num_pads -= first.num_pads
+            continue
+        taken.append(ImageFeatures(first.embeds[:num_pads], tuple(d[:num_pads] for d in first.deepstack)))
+        rest.insert(0, ImageFeatures(first.embeds[num_pads:], tuple(d[num_pads:] for d in first.deepstack)))
+        num_pads = 0
+    return taken, rest
 
 
 def replace_span(
