@@ -17,6 +17,7 @@ The conversation knows nothing about tokens or KV: ``mmkv.prompt`` renders it, `
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -27,7 +28,6 @@ from PIL import Image
 
 from .cache.digest import ImageDigest
 from .fields import fill_template, validate_fields
-from .model.processor import ImageInputs
 
 if TYPE_CHECKING:
     from .kv.segment import KVSegment
@@ -83,9 +83,6 @@ class ConversationImage:
     pixels: Image.Image  # normalised RGB (mmkv.images.load_image)
     digest: ImageDigest  # content key: pixels + processor settings + model fingerprint
     grid: tuple[int, int, int]  # vision grid (t, h, w) the processor gives it
-    inputs: ImageInputs | None = (
-        None  # its preprocessed pixels, when made at add time (the vision tower's input)
-    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,6 +125,11 @@ class Message:
     role: str  # "system", "user", "assistant" (whatever the chat template takes)
     items: tuple[Item, ...]  # never empty in a Conversation (a prompt's window may hide all its images)
 
+    @functools.cached_property
+    def image_indices(self) -> tuple[int, ...]:
+        """The conversation image index of each of its image items, in order."""
+        return tuple(i.image_index for i in self.items if isinstance(i, ImageItem))
+
 
 @dataclass(frozen=True)
 class ConversationState:
@@ -137,6 +139,7 @@ class ConversationState:
     num_images: int
     field_values: tuple[tuple[str, str], ...]
     next_item_id: int
+    num_segments: int
 
 
 class Conversation:
@@ -147,6 +150,7 @@ class Conversation:
         self.images: list[ConversationImage] = []  # in order of add_image
         self._field_values: dict[str, str] = {}  # current value of every field, by name
         self._next_item_id = 0
+        self._num_segments = 0  # text items carrying a precompiled segment
 
     # ------------------------------------------------------------------------------------------- reading
     @property
@@ -173,9 +177,7 @@ class Conversation:
 
     def has_segments(self) -> bool:
         """Whether any text item carries a precompiled segment."""
-        return any(
-            isinstance(item, TextItem) and item.segment is not None for m in self.messages for item in m.items
-        )
+        return self._num_segments > 0
 
     def to_chat(self) -> list[dict]:
         """The messages as plain dicts (a fresh copy): text items ``{"type": "text", "text", "item_id"}`` (plus
@@ -227,6 +229,7 @@ class Conversation:
         )
         self._append(role, item, new_message)
         self._next_item_id += 1
+        self._num_segments += segment is not None
         self._field_values.update(checked)
         return item
 
@@ -259,7 +262,11 @@ class Conversation:
     def snapshot(self) -> ConversationState:
         """The conversation as it is now (O(messages) references; records are immutable)."""
         return ConversationState(
-            tuple(self.messages), len(self.images), tuple(self._field_values.items()), self._next_item_id
+            tuple(self.messages),
+            len(self.images),
+            tuple(self._field_values.items()),
+            self._next_item_id,
+            self._num_segments,
         )
 
     def restore(self, state: ConversationState) -> None:
@@ -270,6 +277,7 @@ class Conversation:
         del self.images[state.num_images :]
         self._field_values = dict(state.field_values)
         self._next_item_id = state.next_item_id
+        self._num_segments = state.num_segments
 
     def fork(self) -> Conversation:
         """A copy that shares only immutable records: later changes to one do not reach the other."""
@@ -278,6 +286,7 @@ class Conversation:
         other.messages = list(self.messages)
         other._field_values = dict(self._field_values)
         other._next_item_id = self._next_item_id
+        other._num_segments = self._num_segments
         return other
 
     def clear(self) -> None:
@@ -285,6 +294,7 @@ class Conversation:
         self.messages.clear()
         self.images.clear()
         self._field_values.clear()
+        self._num_segments = 0
 
     def _append(self, role: str, item: Item, new_message: bool) -> None:
         check_role(role)

@@ -20,15 +20,17 @@ from dataclasses import replace
 
 import torch
 
-from .cache import EncoderStore, ImageDigest, ImageKVStore, image_digest
+from .cache import EncoderStore, ImageDigest, ImageKVStore
+from .cache.memory import MemoryTier
 from .config import SessionConfig, check_int, check_question, check_stores
 from .conversation import Conversation, ConversationImage
 from .errors import PromptTooLongError
-from .images import ImageSource, load_image
+from .images import ImageSource
 from .kv import KVSegment
 from .kv.vision import ImageFeatures
 from .model.handle import ModelHandle
-from .prompt.layout import PromptLayout, lay_out
+from .prompt.blocks import LayoutBuilder
+from .prompt.layout import PromptLayout
 from .runtime import (
     GREEDY,
     Answer,
@@ -42,6 +44,7 @@ from .runtime import (
     generate,
     pad_features,
     plan_turn,
+    prepare_image,
     replace_span,
     resolve_features,
 )
@@ -84,6 +87,8 @@ class Session:
         self._lock = threading.RLock()
         self.conversation = Conversation()
         self.live = LiveCache(model)
+        self._layouts = LayoutBuilder(model)  # each message rendered once, the previous turn's prefix reused
+        self._pixels = MemoryTier(256 << 20)  # preprocessed images, made at add_image (bounded: 256 MB)
         self.last_prefill = PrefillStats()  # what the latest ask / next_token_logits / prefill took
 
     # ----------------------------------------------------------------------------------------- conversation
@@ -136,11 +141,9 @@ class Session:
     def add_image(self, image: ImageSource) -> ImageDigest:
         """Append an image (PIL image, path or bytes) to the current user message; returns its digest. Raises an
         ``mmkv.ImageError`` / ``UnsupportedInputError`` for bad input, leaving the session unchanged."""
-        pixels = load_image(image, max_pixels=self.config.max_image_pixels)
-        processor = self.model.processor
-        digest = image_digest(pixels, processor, self.model.fingerprint)
-        self.conversation.add_image(ConversationImage(pixels, digest, processor.image_grid(pixels)))
-        return digest
+        record = prepare_image(self.model, image, self.config, self.encoder_store, self._pixels)
+        self.conversation.add_image(record)
+        return record.digest
 
     @_exclusive
     def fork(self, **settings) -> Session:
@@ -231,8 +234,7 @@ class Session:
     ) -> PromptLayout:
         """This turn's ``PromptLayout`` (ids, positions, pieces; with ``trace`` the token spans of text items and
         fields, and where precompiled segments sit). Changes nothing."""
-        return lay_out(
-            self.model,
+        return self._layouts.build(
             self.conversation,
             question=question,
             add_generation_prompt=add_generation_prompt,
@@ -291,4 +293,4 @@ class Session:
         )
 
     def _sources(self, reuse: ReusePolicy) -> TurnSources:
-        return TurnSources(self.model, self.store, self.encoder_store, reuse)
+        return TurnSources(self.model, self.store, self.encoder_store, reuse, self._pixels)

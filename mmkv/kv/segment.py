@@ -171,15 +171,11 @@ def append_to_cache(cache: DynamicCache, segment: KVSegment) -> None:
 
 def reorder_cache(cache: DynamicCache, begin: int, order: torch.Tensor) -> None:
     """Permute the entries from ``begin`` on, in every layer: entry ``begin + i`` becomes the old
-    ``begin + order[i]`` (mutates ``cache``; one gather per layer)."""
+    ``begin + order[i]`` (mutates ``cache`` in place; the entries before ``begin`` are not copied or touched)."""
     for layer in cache.layers:
         index = order.to(layer.keys.device)
-        layer.keys = torch.cat(
-            [layer.keys[:, :, :begin], layer.keys[:, :, begin:].index_select(2, index)], dim=2
-        )
-        layer.values = torch.cat(
-            [layer.values[:, :, :begin], layer.values[:, :, begin:].index_select(2, index)], dim=2
-        )
+        layer.keys[:, :, begin:] = layer.keys[:, :, begin:].index_select(2, index)
+        layer.values[:, :, begin:] = layer.values[:, :, begin:].index_select(2, index)
 
 
 def segments_to_cache(segments: Sequence[KVSegment], config=None) -> DynamicCache:

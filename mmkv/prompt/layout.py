@@ -28,7 +28,7 @@ from ..kv.spans import image_span, text_span
 from ..model.handle import ModelHandle
 from .render import render_prompt
 
-__all__ = ["PromptLayout", "PromptPiece", "SegmentAnchor", "lay_out", "layout_positions", "split_prompt"]
+__all__ = ["PromptLayout", "PromptPiece", "SegmentAnchor", "full_layout", "layout_positions", "split_prompt"]
 
 QUESTION_ITEM_ID = -1  # item_id of the question joined to the prompt (its span is traced like any text)
 
@@ -154,7 +154,7 @@ class PromptLayout:
         return self.image_order[piece.image_index]
 
 
-def lay_out(
+def full_layout(
     handle: ModelHandle,
     conversation: Conversation,
     *,
@@ -163,10 +163,8 @@ def lay_out(
     window: int | None = None,
     trace: bool = False,
 ) -> PromptLayout:
-    """The layout of ``conversation`` as the model sees it this turn: only the last ``window`` images, and
-    ``question`` (if given) joined to the last message when it is the user's, else as a new user message.
-    ``trace`` also finds the token spans of text items and fields, and where precompiled segments sit.
-    Changes nothing."""
+    """``lay_out`` by rendering the whole conversation at once (the reference, and the path for chat templates
+    that do not render message by message). Changes nothing."""
     visible = set(conversation.visible_images(window))
     messages = [
         Message(m.role, tuple(i for i in m.items if not isinstance(i, ImageItem) or i.image_index in visible))

@@ -23,7 +23,7 @@ from .plan import (
     plan_turn,
 )
 from .report import Answer, PrefillStats
-from .sources import TurnSources
+from .sources import TurnSources, inputs_nbytes, prepare_image, preprocess
 
 __all__ = [
     "GREEDY",
@@ -44,9 +44,12 @@ __all__ = [
     "attention_mask",
     "execute",
     "generate",
+    "inputs_nbytes",
     "pad_features",
     "plan_replace",
     "plan_turn",
+    "prepare_image",
+    "preprocess",
     "replace_span",
     "resolve_features",
     "vision_token_ids",

@@ -19,15 +19,16 @@ import torch
 
 from ..conversation import ConversationImage
 from ..kv.prefill import prefill_span
-from ..kv.segment import append_to_cache, reorder_cache
+from ..kv.segment import KVSegment, append_to_cache, reorder_cache
 from ..kv.vision import ImageFeatures
 from ..model.handle import ModelHandle
+from ..mrope import rerotate
 from ..prompt.layout import PromptLayout
 from .live import LiveCache
-from .plan import FeatureSlice, Plan, TurnPolicy, plan_replace
+from .plan import FeatureSlice, Plan, Splice, TurnPolicy, plan_replace
 from .sources import TurnSources
 
-__all__ = ["attention_mask", "execute", "replace_span", "resolve_features"]
+__all__ = ["MASK_ELEMENTS", "attention_mask", "execute", "place_splices", "replace_span", "resolve_features"]
 
 
 def attention_mask(entry_index: torch.Tensor, query_index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -87,16 +88,11 @@ def execute(
     so a splice never costs more attention memory than recomputing."""
     if live.num_tokens != plan.keep:
         raise ValueError(f"the live cache holds {live.num_tokens} entries; the plan keeps {plan.keep}")
-    ids, positions, policy = layout.token_ids, layout.positions, plan.policy
+    ids = layout.token_ids
     entry_index = [torch.arange(plan.keep)]  # prompt index of every cache entry, in cache order
-    for splice in plan.splices:
-        target = positions[:, splice.start : splice.end]
-        if policy.rotate:
-            placed = splice.segment.moved_to(int(target[0, 0]), axes=policy.rotate_axes)
-        else:
-            placed = replace(splice.segment, position_ids=target.clone())
-        append_to_cache(live.cache, placed)
-        entry_index.append(torch.arange(splice.start, splice.end))
+    if plan.splices:
+        append_to_cache(live.cache, place_splices(plan.splices, layout.positions, plan.policy))
+        entry_index += [torch.arange(splice.start, splice.end) for splice in plan.splices]
     computed = plan.computed_indices()  # (Q,)
     features = resolve_features(plan.features, images, sources)
     entries = torch.cat(entry_index)  # (keep + spliced,)
@@ -122,6 +118,21 @@ def execute(
             logits = _run(handle, live, layout, tail, features, None)
     live.record(layout)
     return logits
+
+
+def place_splices(splices: Sequence[Splice], positions: torch.Tensor, policy: TurnPolicy) -> KVSegment:
+    """All ``splices`` as one segment, in order, each token re-rotated from where it was computed to its
+    prompt position (one ``rerotate`` call for all of them; the no-rotation control only relabels positions).
+    Changes nothing."""
+    joined = splices[0].segment if len(splices) == 1 else KVSegment.concat([s.segment for s in splices])
+    target = torch.cat([positions[:, s.start : s.end] for s in splices], dim=1)  # (3, S)
+    if not policy.rotate:
+        return replace(joined, position_ids=target.clone())
+    delta = target - joined.position_ids  # (3, S): uniform per segment under the transformers rule
+    keys = rerotate(
+        joined.keys, delta, joined.layout, axes=policy.rotate_axes, from_positions=joined.position_ids
+    )
+    return replace(joined, keys=keys, position_ids=target.clone())
 
 
 MASK_ELEMENTS = 1 << 24  # (queries x keys) entries one masked call may build: 16 MB as bool, 64 MB as float32

@@ -20,27 +20,65 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from ..cache import EncoderStore, ImageKVStore
+from ..cache import EncoderStore, ImageKVStore, image_digest
+from ..cache.memory import MemoryTier
 from ..conversation import ConversationImage
 from ..errors import StoreMismatchError
+from ..images import ImageSource, load_image
 from ..kv.segment import KVSegment
 from ..kv.vision import ImageFeatures, encode_images
 from ..model.handle import ModelHandle
+from ..model.processor import ImageInputs
 from .live import LiveCache
 from .plan import ReusePolicy, StoreWrite
 
-__all__ = ["TurnSources"]
+__all__ = ["TurnSources", "inputs_nbytes", "prepare_image", "preprocess"]
 
 Tier = Literal["memory", "disk"]
+
+
+def preprocess(handle: ModelHandle, image: ConversationImage) -> ImageInputs:
+    """The vision tower's input for ``image`` (resized, normalised, patchified)."""
+    return handle.processor.preprocess_images([image.pixels])
+
+
+def inputs_nbytes(inputs: ImageInputs) -> int:
+    """Bytes an ``ImageInputs`` holds."""
+    return inputs.pixel_values.numel() * inputs.pixel_values.element_size()
+
+
+def prepare_image(
+    handle: ModelHandle, source: ImageSource, config, encoder_store: EncoderStore, pixels: MemoryTier
+) -> ConversationImage:
+    """``source`` (PIL image, path or bytes) normalised and keyed for ``handle``; unless its vision outputs are
+    stored already, also preprocessed into ``pixels`` now, so a turn that needs the vision tower does not pay
+    for it in its time to first token. ``config``: the session's (``max_image_pixels``, ``reuse``). Raises the
+    ``mmkv.ImageError`` of a bad image."""
+    image = load_image(source, max_pixels=config.max_image_pixels)
+    processor = handle.processor
+    record = ConversationImage(
+        image, image_digest(image, processor, handle.fingerprint), processor.image_grid(image)
+    )
+    if config.reuse == "none" or not encoder_store.contains(record.digest, handle):
+        inputs = preprocess(handle, record)
+        pixels.put(record.digest, inputs, inputs_nbytes(inputs))
+    return record
 
 
 class TurnSources:
     """Store and encoder lookups of one turn, their memo, and the writes queued for after the first token."""
 
     def __init__(
-        self, handle: ModelHandle, kv_store: ImageKVStore, encoder_store: EncoderStore, reuse: ReusePolicy
+        self,
+        handle: ModelHandle,
+        kv_store: ImageKVStore,
+        encoder_store: EncoderStore,
+        reuse: ReusePolicy,
+        pixels: MemoryTier | None = None,
     ) -> None:
+        """``pixels``: preprocessed vision-tower inputs by digest (made when the image was added), if any."""
         self.handle = handle
+        self.pixels = pixels
         self.kv_store = kv_store
         self.encoder_store = encoder_store
         self.reuse = reuse
@@ -75,7 +113,9 @@ class TurnSources:
         self.encoder_tier(image)  # a store hit lands in the memo
         if image.digest in self._features:
             return self._features[image.digest][0]
-        inputs = image.inputs or self.handle.processor.preprocess_images([image.pixels])
+        inputs = None if self.pixels is None else self.pixels.get(image.digest)
+        if inputs is None:
+            inputs = preprocess(self.handle, image)
         computed = encode_images(self.handle, inputs)
         self._features[image.digest] = (computed, "computed")
         if self.reuse != "none":
