@@ -87,7 +87,7 @@ class Session:
         self._lock = threading.RLock()
         self.conversation = Conversation()
         self.live = LiveCache(model)
-        self._layouts = LayoutBuilder(model)  # each message rendered once, the previous turn's prefix reused
+        self.layouts = LayoutBuilder(model)  # each message rendered once, the previous turn's prefix reused
         self._pixels = MemoryTier(256 << 20)  # preprocessed images, made at add_image (bounded: 256 MB)
         self.last_prefill = PrefillStats()  # what the latest ask / next_token_logits / prefill took
 
@@ -234,7 +234,7 @@ class Session:
     ) -> PromptLayout:
         """This turn's ``PromptLayout`` (ids, positions, pieces; with ``trace`` the token spans of text items and
         fields, and where precompiled segments sit). Changes nothing."""
-        return self._layouts.build(
+        return self.layouts.build(
             self.conversation,
             question=question,
             add_generation_prompt=add_generation_prompt,
