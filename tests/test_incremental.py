@@ -11,7 +11,7 @@ import torch
 
 import mmkv
 from mmkv.prompt import full_layout
-from mmkv.prompt.blocks import is_separable
+from mmkv.prompt.chunks import is_separable
 from mmkv.text import precompile
 from tests.conftest import random_image
 

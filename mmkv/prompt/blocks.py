@@ -25,6 +25,7 @@ import torch
 from ..conversation import Conversation, ImageItem, Message, TextItem, grids_tensor
 from ..fields import fill_template
 from ..model.handle import ModelHandle
+from .chunks import Templates, is_separable, render_views
 from .layout import (
     QUESTION_ITEM_ID,
     PromptLayout,
@@ -34,11 +35,9 @@ from .layout import (
     layout_positions,
     split_prompt,
 )
-from .render import _MARK, _MARK_PATTERN, _control_pattern, _split_at, encode_parts
+from .render import _MARK_PATTERN, _control_pattern, _split_at, encode_parts
 
-__all__ = ["LayoutBuilder", "is_separable", "lay_out"]
-
-_ANCHOR = {"role": "user", "content": [{"type": "text", "text": "\ue002"}]}  # a stand-in first message
+__all__ = ["Block", "LayoutBuilder", "lay_out"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,69 +54,6 @@ class Block:
     segments: tuple[SegmentAnchor, ...]  # precompiled segments it holds exactly (begin relative)
 
 
-def _marked(message: Message) -> tuple[dict, dict, list[TextItem]]:
-    """The template's view of ``message``: with markers for its text items, and with the texts themselves."""
-    marked, direct, items = [], [], []
-    for item in message.items:
-        if isinstance(item, TextItem):
-            marked.append({"type": "text", "text": _MARK.format(len(items))})
-            direct.append({"type": "text", "text": item.text})
-            items.append(item)
-        else:
-            marked.append({"type": "image"})
-            direct.append({"type": "image"})
-    return {"role": message.role, "content": marked}, {"role": message.role, "content": direct}, items
-
-
-class _Templates:
-    """Renders per-message chunks of one processor's chat template (the anchor renderings cached)."""
-
-    def __init__(self, processor) -> None:
-        self.processor = processor
-        render = processor.apply_chat_template
-        self._anchor = render([_ANCHOR], add_generation_prompt=False)
-        self.generation_suffix = render([_ANCHOR], add_generation_prompt=True)[len(self._anchor) :]
-
-    def chunk(self, message: dict, first: bool) -> str | None:
-        """The text the template renders for ``message`` (as the first message or a later one), or None when
-        the rendering of two messages does not start with that of the first alone."""
-        render = self.processor.apply_chat_template
-        if first:
-            return render([message], add_generation_prompt=False)
-        both = render([_ANCHOR, message], add_generation_prompt=False)
-        return both[len(self._anchor) :] if both.startswith(self._anchor) else None
-
-
-_PROBE = [
-    {"role": "system", "content": [{"type": "text", "text": "\ue000s\ue001"}]},
-    {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "\ue000u\ue001"}]},
-    {"role": "assistant", "content": [{"type": "text", "text": "\ue000a\ue001"}]},
-    {"role": "user", "content": [{"type": "text", "text": "\ue000v\ue001"}, {"type": "image"}]},
-    {"role": "assistant", "content": [{"type": "text", "text": "\ue000b\ue001"}]},
-    {"role": "user", "content": [{"type": "text", "text": "\ue000w\ue001"}]},
-]
-
-
-def is_separable(processor) -> bool:
-    """Whether ``processor``'s chat template renders every probe conversation as the concatenation of
-    per-message chunks plus a generation suffix (cached on the processor)."""
-    cached = getattr(processor, "_mmkv_separable", None)
-    if cached is None:
-        templates = _Templates(processor)
-        cached = True
-        for probe in (_PROBE, _PROBE[1:], _PROBE[2:]):
-            for generation in (False, True):
-                chunks = [templates.chunk(m, i == 0) for i, m in enumerate(probe)]
-                if any(c is None for c in chunks):
-                    cached = False
-                    break
-                expected = processor.apply_chat_template(probe, add_generation_prompt=generation)
-                joined = "".join(chunks) + (templates.generation_suffix if generation else "")
-                cached = cached and joined == expected
-        processor._mmkv_separable = cached
-    return cached
-
-
 class _NotIncremental(Exception):
     """This turn cannot be assembled from blocks (a chunk that does not start with a control token, or a
     template that rewrites text): render it whole."""
@@ -125,15 +61,18 @@ class _NotIncremental(Exception):
 
 @dataclass(frozen=True)
 class _Assembly:
-    """The previous turn's prompt without its generation prompt, kept so the next turn reuses its prefix."""
+    """The previous turn's messages laid out (without the generation prompt), so the next turn reuses its prefix.
+    Every list has one entry per message boundary (``len(messages) + 1``) unless said otherwise."""
 
-    keys: list[tuple]  # block key of each message
+    messages: list[Message]  # one per message
+    shown: list[tuple[bool, ...]]  # per message: which of its images were visible
     token_starts: list[int]  # token index where each message's block starts (+ the end)
     slot_starts: list[int]  # position where each block starts (+ the end)
+    image_starts: list[int]  # images before each block (+ all)
     token_ids: torch.Tensor  # (L,) the messages' ids
     positions: torch.Tensor  # (3, L)
-    pieces: list[tuple]  # merged pieces (kind, begin, length, grid, conversation image index)
-    piece_ends: list[int]  # end of each piece, for bisecting at a block boundary
+    pieces: list[PromptPiece]  # merged text runs and images over the messages
+    image_order: list[int]  # conversation image index of each image, in prompt order
 
 
 class LayoutBuilder:
@@ -143,7 +82,7 @@ class LayoutBuilder:
     def __init__(self, handle: ModelHandle) -> None:
         self.handle = handle
         self.incremental = is_separable(handle.processor)  # False: every turn is rendered whole
-        self._templates = _Templates(handle.processor) if self.incremental else None
+        self._templates = Templates(handle.processor) if self.incremental else None
         self._blocks: dict[tuple, tuple[Message, Block]] = {}  # key -> (the message, kept alive; its block)
         self._previous: _Assembly | None = None
         self._generation: Block | None = None
@@ -157,8 +96,8 @@ class LayoutBuilder:
         window: int | None = None,
         trace: bool = False,
     ) -> PromptLayout:
-        """The layout of ``conversation`` this turn (see ``mmkv.prompt.layout.lay_out``), equal to rendering it
-        whole, built from what changed. Changes nothing but this builder's caches."""
+        """The layout of ``conversation`` this turn (see ``lay_out``), equal to rendering it whole, built from
+        what changed. Changes nothing but this builder's caches."""
         if self.incremental:
             try:
                 return self._assemble(conversation, question, add_generation_prompt, window, trace)
@@ -178,82 +117,84 @@ class LayoutBuilder:
                 messages[-1] = Message("user", (*messages[-1].items, item))
             else:
                 messages.append(Message("user", (item,)))
-        keys = [(id(m), i == 0, tuple(j in visible for j in m.image_indices)) for i, m in enumerate(messages)]
-        # 1. the prefix of messages whose blocks are unchanged since the previous turn: reused as tensors
-        same, previous = 0, self._previous
+        # 1. the leading messages unchanged since the previous turn (same objects, same images shown)
+        previous, same = self._previous, 0
         if previous is not None:
-            limit = min(len(keys), len(previous.keys))
-            while same < limit and keys[same] == previous.keys[same]:
+            limit = min(len(messages), len(previous.messages))
+            while same < limit and messages[same] is previous.messages[same]:
+                if messages[same].image_indices and _shown(messages[same], visible) != previous.shown[same]:
+                    break
                 same += 1
         if previous is None or same == 0:
-            token_starts, slot_starts, ids, positions, pieces = [0], [0], [], [], []
+            token_starts, slot_starts, image_starts, ids, positions = [0], [0], [0], [], []
+            pieces: list = []
+            order: list[int] = []
         else:
             boundary = previous.token_starts[same]
-            token_starts, slot_starts = previous.token_starts[: same + 1], previous.slot_starts[: same + 1]
+            token_starts = previous.token_starts[: same + 1]
+            slot_starts, image_starts = previous.slot_starts[: same + 1], previous.image_starts[: same + 1]
             ids, positions = [previous.token_ids[:boundary]], [previous.positions[:, :boundary]]
-            cut = bisect.bisect_right(previous.piece_ends, boundary)
+            cut = bisect.bisect_right(previous.pieces, boundary, key=lambda piece: piece.end)
             pieces = previous.pieces[:cut]
-            if cut < len(previous.pieces) and previous.pieces[cut][1] < boundary:  # a text run crossing it
-                kind, begin, _, grid, image = previous.pieces[cut]
-                pieces.append((kind, begin, boundary - begin, grid, image))
-        # 2. the blocks of the rest, laid out after it
-        blocks = [
-            self._block(m, k, conversation, visible)
-            for m, k in zip(messages[same:], keys[same:], strict=True)
-        ]
-        tail = [self._generation_block()] if add_generation_prompt else []
-        for block in [*blocks, *tail]:
-            start, slot = token_starts[-1], slot_starts[-1]
-            ids.append(block.token_ids)
-            positions.append(block.positions + slot)
-            for kind, begin, length, grid, image in block.pieces:
-                begin += start
-                if kind == "text" and pieces and pieces[-1][0] == "text" and sum(pieces[-1][1:3]) == begin:
-                    last = pieces.pop()
-                    pieces.append(("text", last[1], last[2] + length, None, None))
-                else:
-                    pieces.append((kind, begin, length, grid, image))
-            token_starts.append(start + int(block.token_ids.shape[0]))
-            slot_starts.append(slot + block.num_slots)
-        token_ids = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.long)
-        all_positions = torch.cat(positions, dim=1) if positions else torch.zeros(3, 0, dtype=torch.long)
-        message_end = token_starts[len(messages)]
-        message_pieces = [p for p in pieces if p[1] < message_end]
-        if message_pieces and sum(message_pieces[-1][1:3]) > message_end:  # merged into the generation prompt
-            kind, begin, _, grid, image = message_pieces.pop()
-            message_pieces.append((kind, begin, message_end - begin, grid, image))
+            if cut < len(previous.pieces) and previous.pieces[cut].begin < boundary:  # a text run crossing it
+                crossing = previous.pieces[cut]
+                pieces.append(("text", crossing.begin, boundary - crossing.begin, None, None))
+            order = previous.image_order[: image_starts[-1]]
+        # 2. the rest, block by block, after it
+        shown = [] if previous is None else previous.shown[:same]
+        for index in range(same, len(messages)):
+            message, shows = messages[index], _shown(messages[index], visible)
+            block = self._block(message, (id(message), index == 0, shows), conversation, visible)
+            shown.append(shows)
+            _append_block(block, token_starts, slot_starts, ids, positions, pieces)
+            order += block.image_order
+            image_starts.append(len(order))
+        message_ids = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.long)
+        message_positions = torch.cat(positions, dim=1) if positions else torch.zeros(3, 0, dtype=torch.long)
+        pieces = _materialise(pieces, message_ids, image_starts[same] if same else 0)
         self._previous = _Assembly(
-            keys, token_starts[: len(messages) + 1], slot_starts[: len(messages) + 1], token_ids[:message_end],
-            all_positions[:, :message_end], message_pieces, [b + n for _, b, n, _, _ in message_pieces],
-        )  # fmt: skip
-        kept = set(keys)
-        self._blocks = {k: v for k, v in self._blocks.items() if k in kept}
-        # 3. the layout: pieces with their ids (views), images numbered in prompt order
-        out, order = [], []
-        for kind, begin, length, grid, image in pieces:
-            out.append(
-                PromptPiece(
-                    kind,
-                    token_ids[begin : begin + length],
-                    len(order) if kind == "image" else None,
-                    grid,
-                    begin,
-                )
-            )
-            if kind == "image":
-                order.append(image)
+            messages,
+            shown,
+            token_starts,
+            slot_starts,
+            image_starts,
+            message_ids,
+            message_positions,
+            pieces,
+            order,
+        )
+        if len(self._blocks) > 2 * len(messages) + 16:  # drop blocks of messages gone from the conversation
+            kept = {id(m) for m in messages}
+            self._blocks = {k: v for k, v in self._blocks.items() if k[0] in kept}
+        # 3. the generation prompt, and the layout
+        token_ids, all_positions, all_pieces = message_ids, message_positions, list(pieces)
+        if add_generation_prompt:
+            generation = self._generation_block()
+            start = token_starts[-1]
+            token_ids = torch.cat([message_ids, generation.token_ids])
+            all_positions = torch.cat([message_positions, generation.positions + slot_starts[-1]], dim=1)
+            tail = [
+                (kind, begin + start, length, grid, image)
+                for kind, begin, length, grid, image in generation.pieces
+            ]
+            if all_pieces and all_pieces[-1].kind == "text" and tail and tail[0][0] == "text":
+                last = all_pieces.pop()
+                tail[0] = ("text", last.begin, last.length + tail[0][2], None, None)
+            all_pieces += _materialise(tail, token_ids, len(order))
         item_spans = field_spans = None
         anchors: tuple[SegmentAnchor, ...] = ()
         if trace:
-            all_blocks = [self._blocks[k][1] for k in keys] + tail
+            blocks = [self._blocks[(id(m), i == 0, shown[i])][1] for i, m in enumerate(messages)]
+            if add_generation_prompt:
+                blocks.append(self._generation_block())
             item_spans, field_spans, found = {}, {}, []
-            for block, start in zip(all_blocks, token_starts, strict=False):
+            for block, start in zip(blocks, token_starts, strict=False):
                 item_spans |= {k: (b + start, e + start) for k, (b, e) in block.item_spans.items()}
                 field_spans |= {k: (b + start, e + start) for k, (b, e) in block.field_spans.items()}
                 found += [SegmentAnchor(a.begin + start, a.segment, a.seam) for a in block.segments]
             anchors = tuple(found)
         return PromptLayout(
-            token_ids, all_positions, tuple(out), tuple(order), item_spans, field_spans, anchors
+            token_ids, all_positions, tuple(all_pieces), tuple(order), item_spans, field_spans, anchors
         )
 
     # ------------------------------------------------------------------------------------------------ blocks
@@ -283,7 +224,7 @@ class LayoutBuilder:
             raise _NotIncremental
 
     def _make_block(self, message: Message, first: bool, conversation: Conversation) -> Block:
-        marked, direct, items = _marked(message)
+        marked, direct, items = render_views(message)
         chunk = self._templates.chunk(marked, first)
         direct_chunk = self._templates.chunk(direct, first)
         if chunk is None or direct_chunk is None:
@@ -365,3 +306,53 @@ def lay_out(
         window=window,
         trace=trace,
     )
+
+
+def _shown(message: Message, visible: range) -> tuple[bool, ...]:
+    """Which of ``message``'s images the window shows."""
+    return tuple(i in visible for i in message.image_indices)
+
+
+def _append_block(block: Block, token_starts, slot_starts, ids, positions, pieces) -> None:
+    """Lay ``block`` out after what ``token_starts``/``slot_starts`` end at (mutates the lists; pieces as light
+    tuples, a text run merged with the previous one when they touch)."""
+    start, slot = token_starts[-1], slot_starts[-1]
+    ids.append(block.token_ids)
+    positions.append(block.positions + slot)
+    for kind, begin, length, grid, image in block.pieces:
+        begin += start
+        last = pieces[-1] if pieces else None
+        if kind == "text" and last is not None and _kind(last) == "text" and _end(last) == begin:
+            pieces[-1] = ("text", _begin(last), begin + length - _begin(last), None, None)
+        else:
+            pieces.append((kind, begin, length, grid, image))
+    token_starts.append(start + int(block.token_ids.shape[0]))
+    slot_starts.append(slot + block.num_slots)
+
+
+def _kind(piece) -> str:
+    return piece[0] if isinstance(piece, tuple) else piece.kind
+
+
+def _begin(piece) -> int:
+    return piece[1] if isinstance(piece, tuple) else piece.begin
+
+
+def _end(piece) -> int:
+    return piece[1] + piece[2] if isinstance(piece, tuple) else piece.end
+
+
+def _materialise(pieces: list, ids: torch.Tensor, first_image: int) -> list[PromptPiece]:
+    """``pieces`` with every light tuple turned into a ``PromptPiece`` (ids a view of ``ids``; images numbered
+    from ``first_image`` in order); ``PromptPiece`` s already made are kept as they are."""
+    out, image = [], first_image
+    for piece in pieces:
+        if not isinstance(piece, tuple):
+            out.append(piece)
+            continue
+        kind, begin, length, grid, _ = piece
+        number = None
+        if kind == "image":
+            number, image = image, image + 1
+        out.append(PromptPiece(kind, ids[begin : begin + length], number, grid, begin))
+    return out

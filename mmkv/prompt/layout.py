@@ -16,6 +16,7 @@ KV is cached); everything else is text. Positions equal the model's ``get_rope_i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -43,12 +44,12 @@ class PromptPiece:
     grid_thw: tuple[int, int, int] | None  # the image's vision grid, for image pieces
     begin: int = 0  # prompt index of its first token
 
-    @property
+    @functools.cached_property
     def length(self) -> int:
         """Tokens in the piece."""
         return int(self.token_ids.shape[0])
 
-    @property
+    @functools.cached_property
     def end(self) -> int:
         """Prompt index after its last token."""
         return self.begin + self.length
@@ -136,7 +137,7 @@ class PromptLayout:
     def __post_init__(self) -> None:
         n = int(self.token_ids.shape[0])
         assert self.positions.shape == (3, n), "positions must be (3, L)"
-        assert sum(p.length for p in self.pieces) == n, "pieces must tile the prompt"
+        assert (self.pieces[-1].end if self.pieces else 0) == n, "pieces must tile the prompt"
 
     @property
     def num_tokens(self) -> int:

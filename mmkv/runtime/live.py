@@ -15,6 +15,7 @@ Only the methods below change it; each says what it changes.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ class LiveCache:
         self.cache: DynamicCache = new_cache(self.handle)
         self.token_ids = torch.zeros(0, dtype=torch.long)  # (N,) id of every entry
         self.positions = torch.zeros(3, 0, dtype=torch.long)  # (3, N) position of every entry
-        self.pieces: tuple[LivePiece, ...] = ()
+        self.pieces: tuple = ()  # pieces of the held prompt, in order: objects with kind, begin, end
 
     @contextlib.contextmanager
     def dropped_on_error(self) -> Iterator[None]:
@@ -85,9 +86,11 @@ class LiveCache:
             return 0
         same = (self.token_ids[:n] == ids[:n]) & (self.positions[:, :n] == positions[:, :n]).all(0)
         keep = n if bool(same.all()) else int((~same).nonzero()[0])
-        for piece in layout.pieces:  # never keep half an image
-            if piece.kind == "image" and piece.begin < keep < piece.end:
-                return piece.begin
+        at = (
+            bisect.bisect_right(layout.pieces, keep, key=lambda piece: piece.begin) - 1
+        )  # the piece holding keep
+        if at >= 0 and layout.pieces[at].kind == "image" and layout.pieces[at].begin < keep:
+            return layout.pieces[at].begin  # never keep half an image
         return keep
 
     def truncate(self, keep: int, collect_text: bool = False) -> list[KVSegment]:
@@ -95,12 +98,16 @@ class LiveCache:
         segments (copies, read before cropping; for ``kv`` reuse of text that moved)."""
         if not 0 <= keep <= self.num_tokens:
             raise ValueError(f"cannot keep {keep} of {self.num_tokens} live entries")
-        cut = [p for p in self.pieces if p.kind == "text" and p.begin >= keep] if collect_text else []
+        whole = bisect.bisect_right(self.pieces, keep, key=lambda piece: piece.end)  # pieces ending by keep
+        later = bisect.bisect_left(
+            self.pieces, keep, key=lambda piece: piece.begin
+        )  # pieces starting at keep on
+        cut = [p for p in self.pieces[later:] if p.kind == "text"] if collect_text else []
         segments = [self.segment(p.begin, p.end) for p in cut]
         crop_cache(self.cache, keep)
         self.token_ids = self.token_ids[:keep]
         self.positions = self.positions[:, :keep]
-        self.pieces = tuple(p for p in self.pieces if p.end <= keep)
+        self.pieces = self.pieces[:whole]
         return segments
 
     def segment(
@@ -124,7 +131,7 @@ class LiveCache:
         """Say that the cache now holds exactly ``layout``'s prompt (called once its KV is in place)."""
         assert self.cache.get_seq_length() == layout.num_tokens, "the cache does not hold the whole prompt"
         self.token_ids, self.positions = layout.token_ids.clone(), layout.positions.clone()
-        self.pieces = tuple(LivePiece(p.kind, p.begin, p.end) for p in layout.pieces)
+        self.pieces = layout.pieces  # (kind, begin, end) of each: PromptPiece serves as a live piece
 
     def append_tokens(self, token_ids: torch.Tensor, positions: torch.Tensor) -> None:
         """Say that the cache grew by ``token_ids`` (``(n,)``) at ``positions`` (``(3, n)``): decoded tokens,

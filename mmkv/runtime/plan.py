@@ -17,6 +17,7 @@ always computed (``_compute_last``: its logits are the answer's first).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -223,12 +224,13 @@ def plan_turn(
     builder = _Builder(layout.num_tokens, keep)
     candidates = list(reusable_text) if policy.reuse == "kv" else []
     anchors = layout.segments if policy.reuse == "kv" else ()
-    for piece in layout.pieces:
-        if piece.end <= keep:
-            if piece.kind == "image":
-                index = layout.image_of(piece)
-                builder.images.append(ImageReuse(index, images[index].digest, "live"))
-            continue
+    first = bisect.bisect_right(layout.pieces, keep, key=lambda piece: piece.end)  # pieces wholly kept
+    live_images = next(
+        (p.image_index for p in layout.pieces[first:] if p.kind == "image"), len(layout.image_order)
+    )
+    for index in layout.image_order[:live_images]:
+        builder.images.append(ImageReuse(index, images[index].digest, "live"))
+    for piece in layout.pieces[first:]:
         start = max(piece.begin, keep)
         if piece.kind == "image":
             assert start == piece.begin, "the kept prefix ends inside an image"
