@@ -1,27 +1,30 @@
-"""Session time-to-first-token per reuse policy, measured side by side in one run.
+"""Session time-to-first-token per reuse policy, every comparison interleaved in one process.
 
-Three parts:
+Parts (each prints medians with min-max; arms always run A B C A B C ..., the order rotated each round):
 
-1. **Trajectory**: a computer-use loop of ``--turns`` turns; each adds a new screenshot and a question, with a
-   sliding window of ``--window`` screenshots. Per turn: TTFT of ``none``, ``encoder`` and ``kv``, and the store
-   hit rate. When the oldest screenshot leaves, everything after it moves: ``kv`` splices it from the store,
-   ``encoder`` re-prefills it from cached vision outputs, ``none`` recomputes it.
+1. **Trajectory**: a computer-use loop of ``--turns`` turns, a new screenshot and a question each turn, a
+   sliding window of ``--window``; the ``none`` / ``encoder`` / ``kv`` sessions advance in lockstep (each turn
+   all three, in rotating order), each with fresh stores.
 2. **Image sizes**: one screenshot already in the store, asked about after a *different* preamble, for each of
-   ``--sizes`` (square, pixels). TTFT of ``none`` / ``encoder`` / ``kv`` and of a text-only turn with the same
-   preamble and question (what ``kv`` must come close to), with speedups.
-3. **Fidelity**: one screenshot cached after one preamble and reused after another: logit cosine against full
+   ``--sizes``: ``none`` / ``encoder`` / ``kv`` and a text-only turn (same preamble and question, no image: what
+   ``kv`` must come close to), ``--repeats`` rounds.
+3. **Against text only** (``--ratios``): (a) the image-sizes ``kv``/text-only ratio at the model's own image
+   size; (b) a window slide with every screenshot already stored: the ``kv`` turn against the same turn of a
+   conversation without screenshots; (c) ``--many`` stored screenshots spliced into one turn against a
+   text-only turn.
+4. **Fidelity**: one screenshot cached after one preamble and reused after another: logit cosine against full
    recompute for ``encoder``, ``kv`` (seam 1 and 0), and the temporal-only and no-rotation controls.
 
 Run::
 
     python bench/session.py                                   # tiny-qwen3-vl on the CPU
-    python bench/session.py --model tiny-qwen2.5-vl --sizes 224 448
+    python bench/session.py --model small-qwen3-vl --ratios --sizes 448 --turns 0
     python bench/session.py --arch qwen2.5-vl-7b --lm-layers 4 --vision-layers 4 --sizes 224 448 --turns 6
     python bench/session.py --arch qwen2.5-vl-7b --device cuda --dtype bfloat16 --sizes 224 448 896 1344 1792
 
 ``--arch`` builds a random-weight model of the released dimensions (``--lm-layers`` / ``--vision-layers`` cut
-its depth for machines that cannot run all of it; per-layer costs are unchanged). Timings are medians of
-``--repeats`` runs; ratios are what to read, absolute times depend on the machine.
+its depth for machines that cannot run all of it; per-layer costs are unchanged). Ratios are what to read;
+absolute times depend on the machine.
 """
 
 from __future__ import annotations
@@ -29,16 +32,25 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script: make the repository root importable (for bench.timing)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 from tqdm import tqdm
 
 import mmkv
+from bench.timing import Timing, interleave
 from mmkv.cache import EncoderStore, ImageKVStore
 from mmkv.model.reference import REFERENCE_ARCHS, build_reference
 from mmkv.synthetic import synthetic_screenshot
 
 POLICIES = ("none", "encoder", "kv")
+SYSTEM = "You operate a desktop app. Reply with one tool call."
+PREAMBLE = "Earlier you opened the settings page and changed the theme. Here is the screen again:"
+QUESTION = "Which button should be clicked next?"
 
 
 def _sync(handle: mmkv.ModelHandle) -> None:
@@ -46,12 +58,12 @@ def _sync(handle: mmkv.ModelHandle) -> None:
         torch.cuda.synchronize()
 
 
-def _timed_logits(handle: mmkv.ModelHandle, session: mmkv.Session, question: str) -> float:
-    """Time to first token of ``question``: rendering to logits on the host (store writes excluded, as in
+def _ttft_ms(handle: mmkv.ModelHandle, session: mmkv.Session, question: str) -> float:
+    """Time to first token of ``question`` in ms: rendering to logits on the host (store writes excluded, as in
     ``Answer.ttft_s``)."""
     _sync(handle)
     session.next_token_logits(question)
-    return session.last_prefill.seconds
+    return 1e3 * session.last_prefill.seconds
 
 
 def warm_up(handle: mmkv.ModelHandle) -> None:
@@ -61,71 +73,149 @@ def warm_up(handle: mmkv.ModelHandle) -> None:
     session.next_token_logits("Warm up.")
 
 
+def _shots(count: int, size: int, seed: int = 0) -> list:
+    return [synthetic_screenshot(seed + i, (size, size * 3 // 4)) for i in range(count)]
+
+
 def trajectory(handle: mmkv.ModelHandle, turns: int, window: int, size: int) -> dict:
-    """Per-turn TTFT of each policy over one computer-use trajectory; each policy has fresh stores."""
-    shots = [synthetic_screenshot(seed, (size, size * 3 // 4)) for seed in range(turns)]
+    """Per-turn TTFT (ms) of each policy over one trajectory, the policies advancing in lockstep."""
+    shots = _shots(turns, size)
+    sessions = {
+        p: mmkv.Session(handle, store=ImageKVStore(), encoder_store=EncoderStore(), reuse=p, window=window)
+        for p in POLICIES
+    }
     result: dict = {"ttft": {p: [] for p in POLICIES}, "hit_rate": {}}
-    for policy in POLICIES:
-        session = mmkv.Session(
-            handle, store=ImageKVStore(), encoder_store=EncoderStore(), reuse=policy, window=window
-        )
-        session.add_text("You operate a desktop app. Reply with one tool call.", role="system")
-        for turn in tqdm(range(turns), desc=f"trajectory {policy}", leave=False):
+    for session in sessions.values():
+        session.add_text(SYSTEM, role="system")
+    for turn in tqdm(range(turns), desc="trajectory", leave=False):
+        order = POLICIES[turn % 3 :] + POLICIES[: turn % 3]
+        for policy in order:
+            session = sessions[policy]
             session.add_text(f"Step {turn}: here is the screen.")
             session.add_image(shots[turn])
-            result["ttft"][policy].append(_timed_logits(handle, session, "What is the next action?"))
+            result["ttft"][policy].append(_ttft_ms(handle, session, "What is the next action?"))
             session.add_text("What is the next action?")
             session.add_text(f"click(button_{turn})", role="assistant")
-        images = [r for r in session.last_prefill.images]
+    for policy, session in sessions.items():
         stats = session.store.stats().memory if policy == "kv" else session.encoder_store.stats().memory
         lookups = stats.hits + stats.misses
         result["hit_rate"][policy] = stats.hits / lookups if lookups else float("nan")
-        result.setdefault("last_turn_sources", {})[policy] = [r.source for r in images]
+    result["last_turn_sources"] = {p: [r.source for r in s.last_prefill.images] for p, s in sessions.items()}
     result["mean_ttft_turns_1plus"] = {
         p: statistics.mean(result["ttft"][p][1:]) for p in POLICIES if turns > 1
     }
     return result
 
 
+def _stored(handle: mmkv.ModelHandle, images: list) -> tuple[ImageKVStore, EncoderStore]:
+    """Stores holding ``images``' KV and vision outputs, computed after an unrelated context."""
+    store, encoder_store = ImageKVStore(), EncoderStore()
+    warm = mmkv.Session(handle, store=store, encoder_store=encoder_store)
+    for image in images:
+        warm.add_image(image)
+    warm.next_token_logits("Describe the screens.")
+    return store, encoder_store
+
+
+def _one_image_arms(handle, image, store, encoder_store, images: int = 1) -> dict:
+    """Arms for one cached screenshot (or ``images`` of them) after the preamble, and the text-only turn."""
+
+    def arm(policy: str):
+        def build() -> float:
+            session = mmkv.Session(
+                handle,
+                store=store,
+                encoder_store=encoder_store,
+                reuse="none" if policy == "text-only" else policy,
+            )
+            session.add_text(PREAMBLE)
+            if policy != "text-only":
+                for shot in image if isinstance(image, list) else [image]:
+                    session.add_image(shot)
+            return _ttft_ms(handle, session, QUESTION)
+
+        return build
+
+    return {policy: arm(policy) for policy in (*POLICIES, "text-only")}
+
+
+def _measured(arms: dict, repeats: int) -> dict[str, Timing]:
+    return interleave(arms, repeats, measure=lambda name, fn: fn())
+
+
 def image_sizes(handle: mmkv.ModelHandle, sizes: list[int], repeats: int) -> list[dict]:
-    """TTFT per policy for one cached screenshot after a different preamble, per image size."""
+    """TTFT per policy for one cached screenshot after a different preamble, per image size (interleaved)."""
     rows = []
     for size in tqdm(sizes, desc="image sizes", leave=False):
         image = synthetic_screenshot(1000 + size, (size, size))
-        store, encoder_store = ImageKVStore(), EncoderStore()
-        warm = mmkv.Session(handle, store=store, encoder_store=encoder_store)
-        warm.add_image(image)
-        warm.next_token_logits("Describe the screen.")  # image KV and vision outputs now stored
-        preamble = "Earlier you opened the settings page and changed the theme. Here is the screen again:"
-        question = "Which button should be clicked next?"
-        row = {"size": size, "image_tokens": 0, "ttft": {}}
-        for policy in (*POLICIES, "text-only"):
-            samples = []
-            for _ in range(repeats):
-                session = mmkv.Session(
-                    handle,
-                    store=store,
-                    encoder_store=encoder_store,
-                    reuse="none" if policy == "text-only" else policy,
-                )
-                session.add_text(preamble)
-                if policy != "text-only":
-                    session.add_image(image)
-                samples.append(_timed_logits(handle, session, question))
-                if policy == "kv":
-                    row["kv_prefilled"] = session.last_prefill.prefilled
-                if policy == "none":
-                    row["image_tokens"] = session.last_prefill.prompt_tokens
-                if policy == "text-only":
-                    row["text_only_prefilled"] = session.last_prefill.prefilled
-            row["ttft"][policy] = statistics.median(samples)
-        row["image_tokens"] -= row["text_only_prefilled"]
-        t = row["ttft"]
-        row["speedup_kv"] = t["none"] / t["kv"]
-        row["speedup_encoder"] = t["none"] / t["encoder"]
-        row["kv_over_text_only"] = t["kv"] / t["text-only"]
-        rows.append(row)
+        store, encoder_store = _stored(handle, [image])
+        timings = _measured(_one_image_arms(handle, image, store, encoder_store), repeats)
+        probe = mmkv.Session(handle, reuse="none")
+        probe.add_image(image)
+        t = {k: v.median for k, v in timings.items()}
+        rows.append(
+            {
+                "size": size,
+                "image_tokens": probe.prompt_layout(QUESTION).num_tokens - _text_only_tokens(handle),
+                "ttft": t,
+                "ttft_range": {k: v.as_dict() for k, v in timings.items()},
+                "speedup_kv": t["none"] / t["kv"],
+                "speedup_encoder": t["none"] / t["encoder"],
+                "kv_over_text_only": t["kv"] / t["text-only"],
+            }
+        )
     return rows
+
+
+def _text_only_tokens(handle) -> int:
+    return mmkv.Session(handle).prompt_layout(QUESTION).num_tokens
+
+
+def window_slide(handle: mmkv.ModelHandle, turns: int, window: int, size: int) -> dict:
+    """A windowed trajectory whose screenshots are all stored already: at every turn where the window slides,
+    the ``kv`` turn against the same turn of the conversation without screenshots (lockstep, rotating order)."""
+    shots = _shots(turns, size, seed=500)
+    store, encoder_store = _stored(handle, shots)
+    sessions = {
+        "kv": mmkv.Session(handle, store=store, encoder_store=encoder_store, window=window),
+        "text-only": mmkv.Session(handle, reuse="none"),
+    }
+    times: dict[str, list[float]] = {name: [] for name in sessions}
+    for session in sessions.values():
+        session.add_text(SYSTEM, role="system")
+    for turn in range(turns):
+        for name in list(sessions) if turn % 2 == 0 else reversed(list(sessions)):
+            session = sessions[name]
+            session.add_text(f"Step {turn}: here is the screen.")
+            if name == "kv":
+                session.add_image(shots[turn])
+            ms = _ttft_ms(handle, session, "What is the next action?")
+            if turn >= window:  # the oldest screenshot just left: everything after it moved
+                times[name].append(ms)
+            session.add_text("What is the next action?")
+            session.add_text(f"click(button_{turn})", role="assistant")
+    ratios = [k / t for k, t in zip(times["kv"], times["text-only"], strict=True)]
+    return {
+        "turns": len(ratios),
+        "kv": Timing(tuple(times["kv"])).as_dict(),
+        "text-only": Timing(tuple(times["text-only"])).as_dict(),
+        "ratio": Timing(tuple(ratios)).as_dict() if ratios else None,
+        "kv_sources_last_turn": [r.source for r in sessions["kv"].last_prefill.images],
+    }
+
+
+def many_images(handle: mmkv.ModelHandle, count: int, size: int, repeats: int) -> dict:
+    """``count`` stored screenshots spliced into one turn (kv) against a text-only turn, interleaved."""
+    shots = _shots(count, size, seed=900)
+    store, encoder_store = _stored(handle, shots)
+    arms = _one_image_arms(handle, shots, store, encoder_store)
+    timings = _measured({"kv": arms["kv"], "text-only": arms["text-only"]}, repeats)
+    return {
+        "images": count,
+        "kv": timings["kv"].as_dict(),
+        "text-only": timings["text-only"].as_dict(),
+        "ratio": timings["kv"].median / timings["text-only"].median,
+    }
 
 
 FIDELITY_ARMS = {
@@ -143,10 +233,7 @@ def fidelity(handle: mmkv.ModelHandle, size: int) -> dict[str, dict[str, float]]
     import torch.nn.functional as F
 
     image = synthetic_screenshot(7, (size, size * 3 // 4))
-    store, encoder_store = ImageKVStore(), EncoderStore()
-    warm = mmkv.Session(handle, store=store, encoder_store=encoder_store)
-    warm.add_image(image)
-    warm.next_token_logits("Describe the screen.")
+    store, encoder_store = _stored(handle, [image])
     history = (
         "The user asked to open the settings page, then to switch to the dark theme. Here is the screen:"
     )
@@ -155,7 +242,7 @@ def fidelity(handle: mmkv.ModelHandle, size: int) -> dict[str, dict[str, float]]
         session = mmkv.Session(handle, store=store, encoder_store=encoder_store, config=config)
         session.add_text(history)
         session.add_image(image)
-        return session.next_token_logits("Which button should be clicked next?").float()
+        return session.next_token_logits(QUESTION).float()
 
     reference = logits(mmkv.SessionConfig(reuse="none"))
     out = {}
@@ -169,43 +256,53 @@ def fidelity(handle: mmkv.ModelHandle, size: int) -> dict[str, dict[str, float]]
     return out
 
 
-def _print(handle, traj: dict | None, sizes: list[dict], fid: dict | None = None) -> None:
+def _range(r: dict) -> str:
+    return f"{r['median']:.2f} [{r['min']:.2f}-{r['max']:.2f}]"
+
+
+def _print(handle, results: dict) -> None:
     print(
         f"model {handle.name}: {handle.family.name}, {handle.num_layers} LM layers, dtype {handle.dtype}, "
         f"device {handle.device}"
     )
+    traj = results.get("trajectory")
     if traj:
-        print("\ntrajectory: TTFT per turn (ms)")
+        print("\ntrajectory: TTFT per turn (ms), policies in lockstep")
         print("turn " + "".join(f"{p:>10s}" for p in POLICIES) + f"{'kv speedup':>12s}")
         for turn in range(len(traj["ttft"]["none"])):
-            t = {p: 1e3 * traj["ttft"][p][turn] for p in POLICIES}
+            t = {p: traj["ttft"][p][turn] for p in POLICIES}
             print(f"{turn:4d} " + "".join(f"{t[p]:10.1f}" for p in POLICIES) + f"{t['none'] / t['kv']:12.2f}")
-        later = slice(1, None)
-        mean = {p: statistics.mean(traj["ttft"][p][later]) for p in POLICIES}
-        print(
-            f"mean of turns 1+: none {1e3 * mean['none']:.1f} ms, encoder {1e3 * mean['encoder']:.1f} ms "
-            f"({mean['none'] / mean['encoder']:.2f}x), kv {1e3 * mean['kv']:.1f} ms "
-            f"({mean['none'] / mean['kv']:.2f}x)"
-        )
+        mean = traj["mean_ttft_turns_1plus"]
+        if mean:
+            print(
+                f"mean of turns 1+: none {mean['none']:.1f} ms, encoder {mean['encoder']:.1f} ms "
+                f"({mean['none'] / mean['encoder']:.2f}x), kv {mean['kv']:.1f} ms ({mean['none'] / mean['kv']:.2f}x)"
+            )
         print("store hit rate: " + ", ".join(f"{p} {r:.2f}" for p, r in traj["hit_rate"].items()))
+    if results.get("sizes"):
+        print("\nimage sizes: one cached screenshot after a different preamble, ms median [min-max]")
+        for r in results["sizes"]:
+            cells = " ".join(f"{k} {_range(v)}" for k, v in r["ttft_range"].items())
+            print(
+                f"{r['size']:5d} px {r['image_tokens']:5d} tok  {cells}  kv x{r['speedup_kv']:.2f}  "
+                f"enc x{r['speedup_encoder']:.2f}  kv/text {r['kv_over_text_only']:.2f}"
+            )
+    for key, label in (
+        ("slide", "window slide, all screenshots stored"),
+        ("many", "many stored screenshots"),
+    ):
+        part = results.get(key)
+        if part and part.get("ratio") is not None:
+            ratio = part["ratio"] if isinstance(part["ratio"], float) else part["ratio"]["median"]
+            print(
+                f"\n{label}: kv {_range(part['kv'])} ms, text-only {_range(part['text-only'])} ms, kv/text {ratio:.2f}"
+            )
+    fid = results.get("fidelity")
     if fid:
         print("\nfidelity: image cached after one preamble, reused after another; logits vs full recompute")
         print(f"{'arm':28s} {'cosine':>9s} {'max abs':>9s} {'same top-1':>10s}")
         for arm, row in fid.items():
             print(f"{arm:28s} {row['cosine']:9.5f} {row['max_abs']:9.2e} {str(row['same_argmax']):>10s}")
-    if sizes:
-        print("\nimage sizes: one cached screenshot after a different preamble (ms)")
-        print(
-            f"{'px':>5s} {'img tok':>7s} {'none':>9s} {'encoder':>9s} {'kv':>9s} {'text-only':>9s} "
-            f"{'kv x':>6s} {'enc x':>6s} {'kv/text':>7s}"
-        )
-        for r in sizes:
-            t = {k: 1e3 * v for k, v in r["ttft"].items()}
-            print(
-                f"{r['size']:5d} {r['image_tokens']:7d} {t['none']:9.1f} {t['encoder']:9.1f} {t['kv']:9.1f} "
-                f"{t['text-only']:9.1f} {r['speedup_kv']:6.2f} {r['speedup_encoder']:6.2f} "
-                f"{r['kv_over_text_only']:7.2f}"
-            )
 
 
 def _handle(args) -> mmkv.ModelHandle:
@@ -225,11 +322,14 @@ if __name__ == "__main__":
     parser.add_argument("--vision-layers", type=int, default=None)
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--turns", type=int, default=12)
+    parser.add_argument("--turns", type=int, default=12, help="trajectory turns (0: skip)")
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--shot-size", type=int, default=448, help="trajectory screenshot width in pixels")
     parser.add_argument("--sizes", type=int, nargs="*", default=[224, 448, 896])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds per comparison")
+    parser.add_argument("--ratios", action="store_true", help="also the window-slide and many-image parts")
+    parser.add_argument("--many", type=int, default=32, help="stored screenshots in the many-image part")
+    parser.add_argument("--no-fidelity", action="store_true")
     parser.add_argument("--max-pixels", type=int, default=None, help="override the processor's pixel bound")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
@@ -240,12 +340,15 @@ if __name__ == "__main__":
             "longest_edge": args.max_pixels,
         }
     warm_up(handle)
-    traj = trajectory(handle, args.turns, args.window, args.shot_size) if args.turns else None
-    sizes = image_sizes(handle, args.sizes, args.repeats) if args.sizes else []
-    fid = fidelity(handle, args.shot_size)
-    _print(handle, traj, sizes, fid)
+    results: dict = {"model": handle.name}
+    if args.turns:
+        results["trajectory"] = trajectory(handle, args.turns, args.window, args.shot_size)
+    results["sizes"] = image_sizes(handle, args.sizes, args.repeats) if args.sizes else []
+    if args.ratios:
+        results["slide"] = window_slide(handle, max(args.turns, 3 * args.window), args.window, args.shot_size)
+        results["many"] = many_images(handle, args.many, args.shot_size, args.repeats)
+    if not args.no_fidelity:
+        results["fidelity"] = fidelity(handle, args.shot_size)
+    _print(handle, results)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {"model": handle.name, "trajectory": traj, "sizes": sizes, "fidelity": fid}, f, indent=1
-            )
+        Path(args.json).write_text(json.dumps(results, indent=1))

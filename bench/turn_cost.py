@@ -4,9 +4,11 @@ the model's own forward, at turns 1, 10, 50, 100, 200.
 Each turn adds a line of text and a screenshot and asks a question. At each checkpoint turn, once the new
 screenshot is in (one untimed ask), a question is asked ``--repeats`` more times (a different one each time,
 so the user's last message is new and only it is prefilled) and timed from the call to the first
-token's logits (``last_prefill.seconds``); right after, the same forward is timed alone (the same new tokens over
-a copy of the same cache, through ``prefill_span``): ``host = total - forward`` is everything but the forward.
-Runs against any mmkv tree (public API only), so ``bench/ab.py`` can compare two in one run::
+token's logits (``last_prefill.seconds``). The forward's share is what the turn itself reports
+(``last_prefill.forward_seconds``) where the tree reports it; otherwise (older trees) the same forward is
+timed alone right after (the same new tokens over a copy of the same cache, through ``prefill_span``), which
+is noisier. ``host = total - forward`` is everything but the model's forward. Runs against any mmkv tree
+(public API only), so ``bench/ab.py`` can compare two in one run::
 
     python bench/turn_cost.py --model small-qwen3-vl --turns 200 --json /tmp/cost.json
     python bench/ab.py --trees /tmp/before . --rounds 3 --keys host_ms -- \\
@@ -67,8 +69,13 @@ def run(model: str, turns: int, repeats: int, size: int) -> dict:
                     session.next_token_logits(question)
                     stats = session.last_prefill
                     totals.append(stats.seconds)
-                    forwards.append(_forward_alone(handle, session, question, stats.prefilled))
-                total, forward = statistics.median(totals), statistics.median(forwards)
+                    reported = getattr(stats, "forward_seconds", None)
+                    forwards.append(reported or _forward_alone(handle, session, question, stats.prefilled))
+                total = statistics.median(totals)
+                forward = statistics.median(forwards)
+                out.setdefault("host_per_call_ms", []).append(
+                    1e3 * statistics.median(t - f for t, f in zip(totals, forwards, strict=True))
+                )
                 out["turns"].append(turn)
                 out["total_ms"].append(1e3 * total)
                 out["forward_ms"].append(1e3 * forward)
@@ -82,7 +89,9 @@ def run(model: str, turns: int, repeats: int, size: int) -> dict:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="small-qwen3-vl", help="a name mmkv.load understands")
     parser.add_argument("--turns", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5, help="timed asks per checkpoint turn (median)")

@@ -264,10 +264,12 @@ class Session:
         sources = self._sources(policy.reuse)
         plan = plan_turn(layout, self.conversation.images, keep, policy, sources, reusable_text)
         # 4. execute: one forward call
+        forward_before = self.live.forward_seconds
         logits = execute(self.model, self.live, plan, layout, self.conversation.images, sources).cpu()
         stats = PrefillStats(
-            layout.num_tokens, plan.prefilled, plan.reused, list(plan.images), time.perf_counter() - started
-        )
+            layout.num_tokens, plan.prefilled, plan.reused, list(plan.images), time.perf_counter() - started,
+            self.live.forward_seconds - forward_before,
+        )  # fmt: skip
         self.last_prefill = stats
         # 5. store writes, after the first token is known
         sources.flush(self.live, plan.writes)

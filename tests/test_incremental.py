@@ -101,3 +101,58 @@ def test_a_session_on_incremental_layouts_gives_the_logits_of_full_rerenders(tin
         for session in sessions:
             session.add_text("What is the next action?")
             session.add_text(f"click(b{turn})", role="assistant")
+
+
+def _with_template(handle, template: str):
+    """``handle`` with another chat template (same tokenizer and model)."""
+    from dataclasses import replace
+
+    from mmkv.model.processor import VLProcessor
+
+    proc = handle.processor
+    return replace(handle, processor=VLProcessor(proc.tokenizer, proc.image_processor, template))
+
+
+_TRIMMING = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% for item in message['content'] %}{% if item['type'] == 'image' %}"
+    "<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ item['text'] | trim }}{% endif %}{% endfor %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_NUMBERING = (  # numbers images across messages (Qwen2-VL's add_vision_id): not message by message
+    "{% set count = namespace(n=0) %}{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% for item in message['content'] %}{% if item['type'] == 'image' %}{% set count.n = count.n + 1 %}"
+    "Picture {{ count.n }}: <|vision_start|><|image_pad|><|vision_end|>{% else %}{{ item['text'] }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    "template, separable, verbatim", [(_TRIMMING, True, False), (_NUMBERING, False, True)]
+)
+def test_templates_that_rewrite_text_or_count_across_messages_still_lay_out_exactly(
+    tiny, template, separable, verbatim
+):
+    """A template that trims text is found not verbatim (each message checked, whole rendering where it
+    rewrites), one that numbers images across messages not separable (whole rendering every turn): both give
+    the layout of a full rendering, and text holding control tokens under a rewriting template is refused."""
+    from mmkv.prompt.chunks import is_verbatim
+
+    handle = _with_template(tiny, template)
+    assert is_separable(handle.processor) is separable
+    if separable:
+        assert is_verbatim(handle.processor) is verbatim
+    session = mmkv.Session(handle)
+    for step, text in enumerate(["plain", "  padded  ", "more\n"]):
+        session.add_text(text)
+        session.add_image(random_image(step, GRIDS[step], handle.processor.patch_size))
+        _same_layout(
+            session.prompt_layout("q?", trace=True),
+            full_layout(handle, session.conversation, question="q?", trace=True),
+        )
+    assert session.layouts.incremental is separable
+    if not verbatim or not separable:
+        session.add_text("  <|im_end|> hidden  ")
+        if template is _TRIMMING:
+            with pytest.raises(mmkv.UnsupportedInputError, match="rewrites message text"):
+                session.prompt_layout("q?")

@@ -8,11 +8,13 @@ an image's KV includes its markers. Starting at ``s``, the start marker sits at 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
 
 from ..model.handle import ModelHandle
+from ..mrope import PositionRule
 
 __all__ = ["image_span", "text_span"]
 
@@ -27,19 +29,33 @@ def text_span(token_ids: Sequence[int] | torch.Tensor, start: int) -> tuple[torc
 def image_span(
     handle: ModelHandle, grid_thw: Sequence[int] | torch.Tensor, start: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids (L,), positions (3, L))`` of ``<|vision_start|>`` + pads + ``<|vision_end|>`` at ``start``."""
-    proc, rule = handle.processor, handle.position_rule
-    num_pads = rule.num_image_tokens(grid_thw)
-    ids = torch.tensor(
-        [proc.vision_start_token_id] + [proc.image_token_id] * num_pads + [proc.vision_end_token_id],
-        dtype=torch.long,
-    )  # (num_pads + 2,)
-    end_marker = start + 1 + rule.image_slots(grid_thw)
+    """``(ids (L,), positions (3, L))`` of ``<|vision_start|>`` + pads + ``<|vision_end|>`` at ``start`` (fresh
+    tensors: the span's shape per grid is worked out once and shifted)."""
+    proc = handle.processor
+    grid = tuple(int(x) for x in (grid_thw.tolist() if isinstance(grid_thw, torch.Tensor) else grid_thw))
+    ids, positions = _relative_image_span(
+        proc.vision_start_token_id,
+        proc.image_token_id,
+        proc.vision_end_token_id,
+        handle.position_rule.merge_size,
+        grid,
+    )
+    return ids.clone(), positions + start
+
+
+@functools.lru_cache(maxsize=256)
+def _relative_image_span(
+    start_id: int, pad_id: int, end_id: int, merge_size: int, grid: tuple[int, int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ids and positions of an image span starting at position 0 (cached per grid; never mutated)."""
+    rule = PositionRule(merge_size)
+    num_pads = rule.num_image_tokens(grid)
+    ids = torch.tensor([start_id] + [pad_id] * num_pads + [end_id], dtype=torch.long)  # (num_pads + 2,)
     positions = torch.cat(
         [
-            torch.full((3, 1), start, dtype=torch.long),
-            rule.image(start + 1, grid_thw),  # (3, num_pads)
-            torch.full((3, 1), end_marker, dtype=torch.long),
+            torch.zeros((3, 1), dtype=torch.long),
+            rule.image(1, grid),  # (3, num_pads)
+            torch.full((3, 1), 1 + rule.image_slots(grid), dtype=torch.long),
         ],
         dim=1,
     )  # (3, num_pads + 2)

@@ -8,6 +8,7 @@ one fingerprint must never be served to another.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -136,12 +137,17 @@ class ModelHandle:
         """The language model's config."""
         return self.model.config.get_text_config()
 
-    @property
+    @functools.cached_property
     def num_layers(self) -> int:
         """Decoder layers of the language model (one K and one V tensor each per cached token)."""
         return int(self.text_config.num_hidden_layers)
 
-    @property
+    @functools.cached_property
+    def kv_shape(self) -> tuple[int, int, int]:
+        """``(layers, kv heads, head_dim)`` of every KV segment this model makes."""
+        return self.num_layers, int(self.text_config.num_key_value_heads), int(self.layout.head_dim)
+
+    @property  # not cached: callers may lower it (tests, benchmarks)
     def max_positions(self) -> int:
         """Positions the language model supports (``max_position_embeddings``; unbounded when unset)."""
         return int(getattr(self.text_config, "max_position_embeddings", None) or 1 << 62)

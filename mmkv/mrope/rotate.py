@@ -76,10 +76,10 @@ def rotation_tables(
         old_angle = old[freq_axes].T.float() * inv_freq  # (L, D/2) float32, as the model rounds it
         new_angle = new[freq_axes].T.float() * inv_freq  # (L, D/2) float32
         angle = new_angle.double() - old_angle.double()  # (L, D/2) float64, exact difference
-    angle = angle * keep[freq_axes]  # (L, D/2)
-    cos = torch.cat([angle.cos(), angle.cos()], dim=-1).to(device, torch.float32)  # (L, D)
-    sin = torch.cat([angle.sin(), angle.sin()], dim=-1).to(device, torch.float32)  # (L, D)
-    return cos, sin
+    if not bool(keep.all()):
+        angle = angle * keep[freq_axes]  # (L, D/2): channels of the other axes keep angle 0
+    cos, sin = angle.cos(), angle.sin()  # (L, D/2) each
+    return cos.repeat(1, 2).to(device, torch.float32), sin.repeat(1, 2).to(device, torch.float32)  # (L, D)
 
 
 def rerotate(

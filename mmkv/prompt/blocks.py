@@ -25,7 +25,7 @@ import torch
 from ..conversation import Conversation, ImageItem, Message, TextItem, grids_tensor
 from ..fields import fill_template
 from ..model.handle import ModelHandle
-from .chunks import Templates, is_separable, render_views
+from .chunks import is_separable, is_verbatim, render_views, templates_of
 from .layout import (
     QUESTION_ITEM_ID,
     PromptLayout,
@@ -82,7 +82,8 @@ class LayoutBuilder:
     def __init__(self, handle: ModelHandle) -> None:
         self.handle = handle
         self.incremental = is_separable(handle.processor)  # False: every turn is rendered whole
-        self._templates = Templates(handle.processor) if self.incremental else None
+        self._templates = templates_of(handle.processor) if self.incremental else None
+        self._verbatim = self.incremental and is_verbatim(handle.processor)  # chunks by structure, unchecked
         self._blocks: dict[tuple, tuple[Message, Block]] = {}  # key -> (the message, kept alive; its block)
         self._previous: _Assembly | None = None
         self._generation: Block | None = None
@@ -224,10 +225,10 @@ class LayoutBuilder:
             raise _NotIncremental
 
     def _make_block(self, message: Message, first: bool, conversation: Conversation) -> Block:
-        marked, direct, items = render_views(message)
-        chunk = self._templates.chunk(marked, first)
-        direct_chunk = self._templates.chunk(direct, first)
-        if chunk is None or direct_chunk is None:
+        items = [i for i in message.items if isinstance(i, TextItem)]
+        chunk = self._templates.structure_chunk(message, first)
+        direct_chunk = None if self._verbatim else self._templates.chunk(render_views(message)[1], first)
+        if chunk is None or (direct_chunk is None and not self._verbatim):
             raise _NotIncremental
         self._check_starts_with_control(chunk)
         pieces = re.split(_MARK_PATTERN, chunk)
@@ -243,8 +244,8 @@ class LayoutBuilder:
             for text, name in _split_at(item.text, spans):
                 parts.append((text, False))
                 tags.append((item, name))
-        if "".join(text for text, _ in parts) != direct_chunk:
-            raise _NotIncremental  # the template rewrites message text
+        if not self._verbatim and "".join(text for text, _ in parts) != direct_chunk:
+            raise _NotIncremental  # the template rewrites this message's text
         order = message.image_indices
         counts = [self.handle.position_rule.num_image_tokens(conversation.images[i].grid) for i in order]
         ids, spans = encode_parts(self.handle.processor, parts, offsets=True, pad_counts=counts)

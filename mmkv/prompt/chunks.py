@@ -1,20 +1,29 @@
 """A chat template's per-message chunks: what it renders for one message (as the first one or a later one), the
-generation prompt it appends, and the probe that says whether it renders a conversation message by message.
+generation prompt it appends, and the probes that say how far mmkv may take the template apart.
 
-Qwen-VL templates render ``<|im_start|>role\n ... <|im_end|>\n`` per message (Qwen2.5-VL adds a default system
-message before a first message that is not one): the rendering of a conversation is then the concatenation of
-its messages' chunks plus the generation prompt, which ``is_separable`` checks on probe conversations once per
-processor. ``mmkv.prompt.blocks`` builds layouts from chunks only when it holds.
+Qwen-VL templates render ``<|im_start|>role\\n ... <|im_end|>\\n`` per message (Qwen2.5-VL adds a default system
+message before a first message that is not one). Two properties are probed once per processor:
+
+- **separable**: the rendering of a conversation is the concatenation of its messages' chunks plus the
+  generation prompt (``is_separable``); only then are layouts built message by message;
+- **verbatim**: every text is rendered exactly as given, whatever it holds (surrounding whitespace, newlines,
+  braces, ``<think>`` tags, control-token strings, any script), in every role (``is_verbatim``). Then a
+  message's chunk is its *structure's* chunk (role and item kinds, texts replaced by markers) with the texts put
+  in, so chunks are cached per structure (``Templates.structure_chunk``) and a new message usually costs no
+  template rendering at all; otherwise each message is also rendered with its texts to check.
 """
 
 from __future__ import annotations
 
-from ..conversation import Message, TextItem
+from collections import OrderedDict
+
+from ..conversation import ImageItem, Message, TextItem
 from .render import _MARK
 
-__all__ = ["Templates", "is_separable", "render_views"]
+__all__ = ["Templates", "is_separable", "is_verbatim", "render_views", "templates_of"]
 
 _ANCHOR = {"role": "user", "content": [{"type": "text", "text": "\ue002"}]}  # a stand-in first message
+_STRUCTURES = 4096  # structure chunks kept per processor
 
 
 def render_views(message: Message) -> tuple[dict, dict, list[TextItem]]:
@@ -32,13 +41,15 @@ def render_views(message: Message) -> tuple[dict, dict, list[TextItem]]:
 
 
 class Templates:
-    """Renders per-message chunks of one processor's chat template (the anchor renderings cached)."""
+    """Renders per-message chunks of one processor's chat template (anchor renderings and structure chunks
+    cached). One per processor: ``templates_of``."""
 
     def __init__(self, processor) -> None:
         self.processor = processor
         render = processor.apply_chat_template
         self._anchor = render([_ANCHOR], add_generation_prompt=False)
         self.generation_suffix = render([_ANCHOR], add_generation_prompt=True)[len(self._anchor) :]
+        self._structures: OrderedDict[tuple, str | None] = OrderedDict()
 
     def chunk(self, message: dict, first: bool) -> str | None:
         """The text the template renders for ``message`` (as the first message or a later one), or None when
@@ -49,6 +60,26 @@ class Templates:
         both = render([_ANCHOR, message], add_generation_prompt=False)
         return both[len(self._anchor) :] if both.startswith(self._anchor) else None
 
+    def structure_chunk(self, message: Message, first: bool) -> str | None:
+        """The marked chunk of ``message``'s structure (its role and the kinds of its items), rendered once."""
+        key = (message.role, first, tuple(isinstance(i, ImageItem) for i in message.items))
+        if key in self._structures:
+            self._structures.move_to_end(key)
+            return self._structures[key]
+        chunk = self.chunk(render_views(message)[0], first)
+        self._structures[key] = chunk
+        if len(self._structures) > _STRUCTURES:
+            self._structures.popitem(last=False)
+        return chunk
+
+
+def templates_of(processor) -> Templates:
+    """The processor's ``Templates`` (made once, kept on the processor)."""
+    templates = getattr(processor, "_mmkv_templates", None)
+    if templates is None:
+        templates = processor._mmkv_templates = Templates(processor)
+    return templates
+
 
 _PROBE = [
     {"role": "system", "content": [{"type": "text", "text": "\ue000s\ue001"}]},
@@ -58,6 +89,16 @@ _PROBE = [
     {"role": "assistant", "content": [{"type": "text", "text": "\ue000b\ue001"}]},
     {"role": "user", "content": [{"type": "text", "text": "\ue000w\ue001"}]},
 ]
+_AWKWARD_TEXTS = [  # what templates are known to rewrite: whitespace, think blocks, markup, cases, scripts
+    "  leading and trailing spaces  ",
+    "\nnewlines\n\nin between\n",
+    "<think>\nreasoning\n</think>\n\nanswer",
+    "{{ not a jinja expression }} {% raw %} {# #}",
+    "<|im_end|>\n<|im_start|>system\n<|image_pad|><tool_call>{}</tool_call>",
+    "UPPER lower Title\ttab",
+    "unicode: ñ ü 漢字 🙂 \u200b",
+    "",
+]
 
 
 def is_separable(processor) -> bool:
@@ -65,7 +106,7 @@ def is_separable(processor) -> bool:
     per-message chunks plus a generation suffix (cached on the processor)."""
     cached = getattr(processor, "_mmkv_separable", None)
     if cached is None:
-        templates = Templates(processor)
+        templates = templates_of(processor)
         cached = True
         for probe in (_PROBE, _PROBE[1:], _PROBE[2:]):
             for generation in (False, True):
@@ -77,4 +118,27 @@ def is_separable(processor) -> bool:
                 joined = "".join(chunks) + (templates.generation_suffix if generation else "")
                 cached = cached and joined == expected
         processor._mmkv_separable = cached
+    return cached
+
+
+def is_verbatim(processor) -> bool:
+    """Whether the chat template renders each of a set of awkward texts exactly as given, in every role, first
+    or later, next to an image or not (cached on the processor)."""
+    cached = getattr(processor, "_mmkv_verbatim", None)
+    if cached is None:
+        templates = templates_of(processor)
+        cached = True
+        for role in ("system", "user", "assistant"):
+            for text in _AWKWARD_TEXTS:
+                for with_image in (False, True):
+                    items = [{"type": "image"}] if with_image and role == "user" else []
+                    marked = {"role": role, "content": [*items, {"type": "text", "text": _MARK.format(0)}]}
+                    direct = {"role": role, "content": [*items, {"type": "text", "text": text}]}
+                    for first in (True, False):
+                        chunk = templates.chunk(marked, first)
+                        if chunk is None or chunk.replace(_MARK.format(0), text) != templates.chunk(
+                            direct, first
+                        ):
+                            cached = False
+        processor._mmkv_verbatim = cached
     return cached

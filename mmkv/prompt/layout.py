@@ -59,33 +59,46 @@ def split_prompt(
     handle: ModelHandle, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None
 ) -> list[PromptPiece]:
     """Cut ``input_ids`` (``(L,)`` or ``(1, L)``) into text and image pieces, in order; concatenating the pieces'
-    ids gives ``input_ids`` back. Raises ``ValueError`` when the pads do not match ``image_grid_thw``."""
+    ids gives ``input_ids`` back. Raises ``ValueError`` when the pads do not match ``image_grid_thw``.
+
+    A ``<|vision_start|>`` not followed by a pad (a video, literal text) stays text. The checks are vectorised:
+    a prompt with many images costs a few tensor operations, not a loop of them."""
     ids = input_ids.reshape(-1).long()
     proc = handle.processor
     grids = [] if image_grid_thw is None else [tuple(int(x) for x in g) for g in image_grid_thw]
-    starts = (ids == proc.vision_start_token_id).nonzero().flatten().tolist()
-    pieces: list[PromptPiece] = []
-    cursor, image_index = 0, 0
-    for start in starts:
-        if start + 1 >= len(ids) or int(ids[start + 1]) != proc.image_token_id:
-            continue  # a vision start not followed by image pads (a video, or literal text): leave it as text
-        if image_index >= len(grids):
-            raise ValueError(f"the prompt has more images than the {len(grids)} grids given")
-        grid = grids[image_index]
-        num_pads = handle.position_rule.num_image_tokens(grid)
-        end = start + 1 + num_pads  # index of <|vision_end|>
-        pads_ok = bool((ids[start + 1 : end] == proc.image_token_id).all())
-        if end >= len(ids) or not pads_ok or int(ids[end]) != proc.vision_end_token_id:
+    n = int(ids.shape[0])
+    starts = (
+        (ids[:-1] == proc.vision_start_token_id) & (ids[1:] == proc.image_token_id) if n > 1 else ids[:0] > 0
+    )
+    starts = starts.nonzero().flatten()  # (images,) index of each <|vision_start|>
+    if int(starts.numel()) > len(grids):
+        raise ValueError(
+            f"the prompt has more images ({int(starts.numel())}) than the {len(grids)} grids given"
+        )
+    if int(starts.numel()) < len(grids):
+        raise ValueError(f"the prompt has {int(starts.numel())} images but {len(grids)} grids were given")
+    counts = [handle.position_rule.num_image_tokens(g) for g in grids]
+    if grids:
+        ends = starts + 1 + torch.tensor(counts)  # (images,) index of each <|vision_end|>
+        pads = torch.cat([torch.zeros(1, dtype=torch.long), (ids == proc.image_token_id).long().cumsum(0)])
+        inside = pads[ends] - pads[starts + 1]  # pads between the markers
+        closed = ends < n
+        closed[closed.clone()] = ids[ends[closed]] == proc.vision_end_token_id
+        bad = ((inside != torch.tensor(counts)) | ~closed).nonzero().flatten()
+        if bad.numel():
+            i = int(bad[0])
             raise ValueError(
-                f"image {image_index}: expected {num_pads} pads between the vision markers (grid {grid})"
+                f"image {i}: expected {counts[i]} pads between the vision markers (grid {grids[i]})"
             )
+    pieces: list[PromptPiece] = []
+    cursor = 0
+    for image_index, (start, count) in enumerate(zip(starts.tolist(), counts, strict=True)):
         if start > cursor:
             pieces.append(PromptPiece("text", ids[cursor:start], None, None, cursor))
-        pieces.append(PromptPiece("image", ids[start : end + 1], image_index, grid, start))
-        cursor, image_index = end + 1, image_index + 1
-    if image_index != len(grids):
-        raise ValueError(f"the prompt has {image_index} images but {len(grids)} grids were given")
-    if cursor < len(ids):
+        end = start + count + 2
+        pieces.append(PromptPiece("image", ids[start:end], image_index, grids[image_index], start))
+        cursor = end
+    if cursor < n:
         pieces.append(PromptPiece("text", ids[cursor:], None, None, cursor))
     return pieces
 

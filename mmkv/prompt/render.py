@@ -81,7 +81,7 @@ def encode_parts(
     for index, (text, is_template) in enumerate(parts):
         cursor = 0
         for match in control.finditer(text) if is_template else ():
-            _append_plain(units, text[cursor : match.start()], index)
+            _append_plain(units, text[cursor : match.start()], index, is_template)
             token = vocab[match.group(0)]
             if pad_counts is not None and token == pad:
                 if placeholders >= len(counts):
@@ -93,27 +93,21 @@ def encode_parts(
             else:
                 units.append((token, 1))
             cursor = match.end()
-        _append_plain(units, text[cursor:], index)
+        _append_plain(units, text[cursor:], index, is_template)
     if pad_counts is not None and placeholders != len(counts):
         raise ValueError(
             f"the template rendered {placeholders} image placeholders but {len(counts)} images were given"
         )
     runs = [u for u in units if isinstance(u, list)]
-    encoded = processor.tokenizer(
-        [run[0] for run in runs] or [""],
-        add_special_tokens=False,
-        split_special_tokens=True,
-        return_offsets_mapping=offsets,
-    )
-    chunks: list[torch.Tensor] = []
+    encoded = _encode_plain(processor.tokenizer, [run[0] for run in runs], offsets)
+    ids: list[int] = []
     spans: dict[int, tuple[int, int]] = {}
-    length, run_index = 0, 0
+    run_index = 0
     for unit in units:
         if isinstance(unit, tuple):
-            chunks.append(torch.full((unit[1],), unit[0], dtype=torch.long))
-            length += unit[1]
+            ids.extend([unit[0]] * unit[1])
             continue
-        run_ids = encoded["input_ids"][run_index]
+        length, run_ids = len(ids), encoded["input_ids"][run_index]
         if offsets:
             mapping = encoded["offset_mapping"][run_index]
             starts, ends = [s for s, _ in mapping], [e for _, e in mapping]
@@ -123,15 +117,33 @@ def encode_parts(
                     first = last = bisect.bisect_left(starts, begin)
                 old = spans.get(part)
                 spans[part] = (length + first if old is None else old[0], length + max(last, first))
-        chunks.append(torch.tensor(run_ids, dtype=torch.long))
-        length += len(run_ids)
+        ids.extend(run_ids)
         run_index += 1
-    ids = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.long)
-    return ids, (spans if offsets else None)
+    return torch.tensor(ids, dtype=torch.long), (spans if offsets else None)
 
 
-def _append_plain(units: list, text: str, part: int) -> None:
-    """Add ``text`` of part ``part`` to the plain run being built (a new run after a control token)."""
+def _encode_plain(tokenizer, texts: list[str], offsets: bool) -> dict[str, list]:
+    """``input_ids`` (and ``offset_mapping``) of each text, special-token strings split into ordinary tokens.
+    A fast tokenizer's backend encodes each text alone (no thread pool for a handful of short texts)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return tokenizer(
+            texts or [""], add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=offsets
+        )
+    saved = backend.encode_special_tokens
+    backend.encode_special_tokens = True  # as tokenizer(..., split_special_tokens=True) does for one call
+    try:
+        encodings = [backend.encode(text, add_special_tokens=False) for text in texts]
+    finally:
+        backend.encode_special_tokens = saved
+    return {"input_ids": [e.ids for e in encodings], "offset_mapping": [e.offsets for e in encodings]}
+
+
+def _append_plain(units: list, text: str, part: int, is_template: bool) -> None:
+    """Add ``text`` of part ``part`` to the plain run being built (a new run after a control token). Empty
+    template text adds nothing; an empty text part is recorded (a zero-width span where it sits)."""
+    if not text and is_template:
+        return
     if not units or not isinstance(units[-1], list):
         units.append(["", []])
     run = units[-1]

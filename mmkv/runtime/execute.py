@@ -12,6 +12,7 @@ afterwards the entries are ``0 .. 11`` in order.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -140,7 +141,18 @@ MASK_ELEMENTS = 1 << 24  # (queries x keys) entries one masked call may build: 1
 
 def _run(handle, live, layout, computed, features, entries) -> torch.Tensor:
     """One ``prefill_span`` over prompt indices ``computed``; with ``entries`` (the prompt index of every cache
-    entry, the computed ones last) under the mask they imply, else on the causal path."""
+    entry, the computed ones last) under the mask they imply, else on the causal path. Adds its time (the
+    device waited for) to ``live.forward_seconds``."""
+    started = time.perf_counter()
+    try:
+        return _forward(handle, live, layout, computed, features, entries)
+    finally:
+        if handle.device.type == "cuda":
+            torch.cuda.synchronize(handle.device)
+        live.forward_seconds += time.perf_counter() - started
+
+
+def _forward(handle, live, layout, computed, features, entries) -> torch.Tensor:
     mask = None
     if entries is not None:
         eager = handle.model.config.get_text_config()._attn_implementation == "eager"

@@ -60,6 +60,7 @@ class LiveCache:
         self.token_ids = torch.zeros(0, dtype=torch.long)  # (N,) id of every entry
         self.positions = torch.zeros(3, 0, dtype=torch.long)  # (3, N) position of every entry
         self.pieces: tuple = ()  # pieces of the held prompt, in order: objects with kind, begin, end
+        self.forward_seconds = 0.0  # time spent in the model's forward building this cache (a running total)
 
     @contextlib.contextmanager
     def dropped_on_error(self) -> Iterator[None]:
@@ -103,7 +104,10 @@ class LiveCache:
             self.pieces, keep, key=lambda piece: piece.begin
         )  # pieces starting at keep on
         cut = [p for p in self.pieces[later:] if p.kind == "text"] if collect_text else []
-        segments = [self.segment(p.begin, p.end) for p in cut]
+        segments = []
+        if cut:  # one copy of the cut-off tail; each text piece a view of it
+            tail = self.segment(cut[0].begin, cut[-1].end)
+            segments = [tail.slice(p.begin - cut[0].begin, p.end - cut[0].begin) for p in cut]
         crop_cache(self.cache, keep)
         self.token_ids = self.token_ids[:keep]
         self.positions = self.positions[:, :keep]

@@ -35,3 +35,4 @@ class PrefillStats:
     reused: int = 0  # tokens whose KV came from the live cache or a store
     images: list[ImageReuse] = field(default_factory=list)  # where each image of the prompt came from
     seconds: float = 0.0  # from rendering to the first token's logits on the host; store writes excluded
+    forward_seconds: float = 0.0  # of which in the model's forward (the rest is mmkv's own host work)

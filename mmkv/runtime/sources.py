@@ -133,8 +133,7 @@ class TurnSources:
         self._feature_puts = []
 
     def _check_fits(self, segment: KVSegment) -> None:
-        config = self.handle.text_config
-        expected = (self.handle.num_layers, config.num_key_value_heads, self.handle.layout.head_dim)
+        expected = self.handle.kv_shape
         found = (segment.num_layers, int(segment.keys.shape[2]), int(segment.keys.shape[-1]))
         if found != expected:
             raise StoreMismatchError(
