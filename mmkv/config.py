@@ -9,9 +9,9 @@ from .cache import EncoderStore, KVStore
 from .conversation import check_text
 from .errors import StoreMismatchError
 from .images import DEFAULT_MAX_PIXELS
-from .runtime import ReusePolicy, TurnPolicy
+from .runtime import ReusePolicy, Sampling, TurnPolicy
 
-__all__ = ["SessionConfig", "check_int", "check_question", "check_stores"]
+__all__ = ["SessionConfig", "check_int", "check_question", "check_sampling", "check_stores"]
 
 
 def check_int(value: object, name: str, minimum: int) -> int:
@@ -27,6 +27,13 @@ def check_question(question: object) -> str:
     if not question.strip():
         raise ValueError("question must not be empty")
     return question
+
+
+def check_sampling(sampling: object) -> Sampling:
+    """``sampling`` if it is a ``Sampling``; else ``TypeError`` naming the argument."""
+    if not isinstance(sampling, Sampling):
+        raise TypeError(f"sampling must be an mmkv.runtime.Sampling, got {type(sampling).__name__}")
+    return sampling
 
 
 def check_stores(store, encoder_store) -> tuple[KVStore, EncoderStore]:
@@ -51,6 +58,9 @@ class SessionConfig:
     rotate: bool = True  # kv: re-rotate spliced keys (False only for the no-rotation control)
     rotate_axes: tuple[int, ...] = (0, 1, 2)  # kv: axes re-rotated; (0,) is the temporal-only ablation
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger inputs (decompression bombs)
+    max_prompt_tokens: int | None = (
+        None  # token budget of the prompt: oldest turns dropped to fit (None: none)
+    )
 
     def __post_init__(self) -> None:
         self.policy  # noqa: B018 (validates reuse, seam, rotate_axes)
@@ -59,6 +69,8 @@ class SessionConfig:
         if not isinstance(self.rotate, bool):
             raise ValueError(f"rotate must be a bool, got {self.rotate!r}")
         check_int(self.max_image_pixels, "max_image_pixels", 1)
+        if self.max_prompt_tokens is not None:
+            check_int(self.max_prompt_tokens, "max_prompt_tokens", 1)
 
     @property
     def policy(self) -> TurnPolicy:

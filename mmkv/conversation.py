@@ -175,6 +175,22 @@ class Conversation:
         first = 0 if window is None else max(0, len(self.images) - window)
         return range(first, len(self.images))
 
+    def prompt_messages(self, history_start: int = 0) -> list[Message]:
+        """The messages a prompt shows when the turns before message ``history_start`` have been dropped: every
+        pinned message (system messages, and messages holding fields or a precompiled segment) and every
+        message from ``history_start`` on, in order."""
+        if history_start <= 0:
+            return list(self.messages)
+        return [m for i, m in enumerate(self.messages) if i >= history_start or _is_pinned(m)]
+
+    def next_turn_start(self, history_start: int) -> int | None:
+        """The index of the first user message after message ``history_start`` that is not pinned (where the
+        history may start once the oldest turn is dropped), or None when no turn is left to drop."""
+        for i in range(max(history_start, 0) + 1, len(self.messages)):
+            if self.messages[i].role == "user" and not _is_pinned(self.messages[i]):
+                return i
+        return None
+
     def has_segments(self) -> bool:
         """Whether any text item carries a precompiled segment."""
         return self._num_segments > 0
@@ -303,6 +319,13 @@ class Conversation:
             self.messages[-1] = replace(last, items=(*last.items, item))
         else:
             self.messages.append(Message(role, (item,)))
+
+
+def _is_pinned(message: Message) -> bool:
+    """Whether dropping old turns must keep ``message``: system text, fields, precompiled segments."""
+    return message.role == "system" or any(
+        isinstance(i, TextItem) and (i.fields or i.segment is not None) for i in message.items
+    )
 
 
 def grids_tensor(images: list[ConversationImage], order: list[int]) -> torch.Tensor:

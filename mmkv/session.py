@@ -22,7 +22,7 @@ import torch
 
 from .cache import EncoderStore, ImageDigest, ImageKVStore
 from .cache.memory import MemoryTier
-from .config import SessionConfig, check_int, check_question, check_stores
+from .config import SessionConfig, check_int, check_question, check_sampling, check_stores
 from .conversation import Conversation, ConversationImage
 from .errors import PromptTooLongError
 from .images import ImageSource
@@ -90,6 +90,7 @@ class Session:
         self.layouts = LayoutBuilder(model)  # each message rendered once, the previous turn's prefix reused
         self._pixels = MemoryTier(256 << 20)  # preprocessed images, made at add_image (bounded: 256 MB)
         self.last_prefill = PrefillStats()  # what the latest ask / next_token_logits / prefill took
+        self.history_start = 0  # turns before this message are dropped from prompts (max_prompt_tokens)
 
     # ----------------------------------------------------------------------------------------- conversation
     @property
@@ -109,13 +110,8 @@ class Session:
 
     @_exclusive
     def add_text(
-        self,
-        text: str,
-        role: str = "user",
-        fields: dict[str, str] | None = None,
-        *,
-        new_message: bool = False,
-    ) -> None:
+        self, text: str, role: str = "user", fields: dict[str, str] | None = None, *, new_message: bool = False
+    ) -> None:  # fmt: skip
         """Append ``text`` as ``role`` (joined to the last message if it has that role, unless
         ``new_message``). ``fields`` names editable values: ``add_text("account_role: {role}",
         fields={"role": "admin"})`` renders "account_role: admin", and ``edit("role", ...)`` changes it later.
@@ -152,7 +148,7 @@ class Session:
         other = Session(
             self.model, self.store, encoder_store=self.encoder_store, config=replace(self.config, **settings)
         )
-        other.conversation = self.conversation.fork()
+        other.conversation, other.history_start = self.conversation.fork(), self.history_start
         return other
 
     @_exclusive
@@ -167,10 +163,7 @@ class Session:
         """Ask ``question`` as the user, decode the answer, append both to the conversation. On an error the
         conversation is left as it was (the live cache is dropped and rebuilt next turn). Arguments are checked
         first (``TypeError`` / ``ValueError`` naming the argument)."""
-        check_question(question)
-        check_int(max_new_tokens, "max_new_tokens", 1)
-        if not isinstance(sampling, Sampling):
-            raise TypeError(f"sampling must be an mmkv.runtime.Sampling, got {type(sampling).__name__}")
+        check_question(question), check_int(max_new_tokens, "max_new_tokens", 1), check_sampling(sampling)
         started = time.perf_counter()
         with self.live.dropped_on_error(), torch.inference_mode():
             logits, stats = self._bring_up_to_date(question)  # steps 1-5
@@ -240,6 +233,7 @@ class Session:
             add_generation_prompt=add_generation_prompt,
             window=self.config.window,
             trace=trace,
+            history_start=self.history_start,
         )
 
     # ------------------------------------------------------------------------------------------ the turn
@@ -251,7 +245,10 @@ class Session:
         policy = self.config.policy if reuse is None else replace(self.config.policy, reuse=reuse)
         # 1. lay out (spans traced only when precompiled segments may be spliced)
         trace = policy.reuse == "kv" and self.conversation.has_segments()
-        layout = self.prompt_layout(question, add_generation_prompt, trace=trace)
+        layout, self.history_start = self.layouts.build_within(
+            self.config.max_prompt_tokens, self.conversation, question=question, trace=trace,
+            add_generation_prompt=add_generation_prompt, window=self.config.window, history_start=self.history_start,
+        )  # fmt: skip
         if layout.num_positions > self.model.max_positions:
             raise PromptTooLongError(
                 f"the prompt needs {layout.num_positions} positions; this model has {self.model.max_positions} "

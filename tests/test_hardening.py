@@ -232,3 +232,36 @@ def test_kv_and_vision_output_sources_are_reported_apart(tiny):
     other.next_token_logits("second")
     (second,) = other.last_prefill.images
     assert (second.source, second.encoder) == ("memory", "memory")
+
+
+def test_a_long_session_stays_within_its_token_budget(tiny):
+    """120 turns with window=4 and max_prompt_tokens=400: every prompt fits, the live cache stays bounded, the
+    system text and a pinned field survive, logits equal a recompute of the same (trimmed) prompt (the exact
+    policy, encoder: kv would splice moved KV, an approximation the evals measure), and a turn
+    that cannot fit even with every old turn dropped raises PromptTooLongError with nothing changed."""
+    session = mmkv.Session(tiny, config=mmkv.SessionConfig(reuse="encoder", window=4, max_prompt_tokens=400))
+    session.add_text("System rules. role: {role}.", role="system", fields={"role": "admin"})
+    sizes = []
+    for turn in range(120):
+        session.add_text(f"Step {turn}: look at this screen, please.")
+        session.add_image(_image(tiny, turn % 5, GRIDS_SMALL[turn % 2]))
+        logits = session.next_token_logits("What next?")
+        sizes.append(session.last_prefill.prompt_tokens)
+        assert session.live.num_tokens <= 400
+        if turn % 40 == 39:
+            reference = session.fork(reuse="none").next_token_logits("What next?")
+            assert (logits - reference).abs().max() <= 1e-4, turn
+        session.add_text("What next?")
+        session.add_text(f"click(b{turn})", role="assistant")
+    assert max(sizes) <= 400 and session.history_start > 0
+    ids, _ = session.render("What next?")
+    assert "System rules. role: admin." in tiny.tokenizer.decode(ids)
+    session.edit("role", "viewer", "suffix")
+    assert "role: viewer" in tiny.tokenizer.decode(session.render("q")[0])
+    before = session.messages
+    with pytest.raises(mmkv.PromptTooLongError, match="every droppable turn dropped"):
+        session.ask("word " * 500)
+    assert session.messages == before
+
+
+GRIDS_SMALL = [(2, 4), (4, 2)]

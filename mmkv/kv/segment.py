@@ -110,13 +110,17 @@ class KVSegment:
         keys, values = self.keys[:, :, :, begin:end], self.values[:, :, :, begin:end]
         if copy:
             keys, values = keys.clone(), values.clone()
-        return replace(
-            self,
+        if keys.shape[3] == 0:
+            raise ValueError("a KVSegment cannot be empty")
+        out = object.__new__(type(self))  # a slice of a valid segment is valid: skip re-checking its shapes
+        out.__dict__.update(self.__dict__)
+        out.__dict__.update(
             keys=keys,
             values=values,
             token_ids=self.token_ids[begin:end],
             position_ids=self.position_ids[:, begin:end],
         )
+        return out
 
     def to(self, device: torch.device | str) -> KVSegment:
         """The same segment with K and V on ``device``."""

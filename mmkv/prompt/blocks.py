@@ -22,8 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..conversation import Conversation, ImageItem, Message, TextItem, grids_tensor
+from ..conversation import Conversation, ImageItem, Message, TextItem
+from ..errors import PromptTooLongError
 from ..fields import fill_template
+from ..kv.spans import image_span, text_span
 from ..model.handle import ModelHandle
 from .chunks import is_separable, is_verbatim, render_views, templates_of
 from .layout import (
@@ -32,8 +34,6 @@ from .layout import (
     PromptPiece,
     SegmentAnchor,
     full_layout,
-    layout_positions,
-    split_prompt,
 )
 from .render import _MARK_PATTERN, _control_pattern, _split_at, encode_parts
 
@@ -96,22 +96,45 @@ class LayoutBuilder:
         add_generation_prompt: bool = True,
         window: int | None = None,
         trace: bool = False,
+        history_start: int = 0,
     ) -> PromptLayout:
         """The layout of ``conversation`` this turn (see ``lay_out``), equal to rendering it whole, built from
         what changed. Changes nothing but this builder's caches."""
         if self.incremental:
             try:
-                return self._assemble(conversation, question, add_generation_prompt, window, trace)
+                return self._assemble(
+                    conversation, question, add_generation_prompt, window, trace, history_start
+                )
             except _NotIncremental:
                 self._previous = None
         return full_layout(
             self.handle, conversation, question=question, add_generation_prompt=add_generation_prompt,
-            window=window, trace=trace,
+            window=window, trace=trace, history_start=history_start,
         )  # fmt: skip
 
-    def _assemble(self, conversation, question, add_generation_prompt, window, trace) -> PromptLayout:
+    def build_within(
+        self, budget: int | None, conversation: Conversation, *, history_start: int = 0, **options
+    ):
+        """``build``, dropping the oldest turns (from message ``history_start`` on; pinned messages stay) until
+        the prompt has at most ``budget`` tokens. Returns ``(layout, history_start)`` (the new start); raises
+        ``PromptTooLongError`` when even every droppable turn dropped is not enough. ``budget=None``: no bound."""
+        layout = self.build(conversation, history_start=history_start, **options)
+        while budget is not None and layout.num_tokens > budget:
+            start = conversation.next_turn_start(history_start)
+            if start is None:
+                raise PromptTooLongError(
+                    f"the prompt has {layout.num_tokens} tokens with every droppable turn dropped, over "
+                    f"max_prompt_tokens={budget}; shorten the pinned text or the last message, or raise it"
+                )
+            history_start = start
+            layout = self.build(conversation, history_start=history_start, **options)
+        return layout, history_start
+
+    def _assemble(
+        self, conversation, question, add_generation_prompt, window, trace, history_start
+    ) -> PromptLayout:
         visible = conversation.visible_images(window)
-        messages = list(conversation.messages)
+        messages = conversation.prompt_messages(history_start)
         if question is not None:
             item = TextItem(question, QUESTION_ITEM_ID)
             if messages and messages[-1].role == "user":
@@ -269,22 +292,35 @@ class LayoutBuilder:
         return self._layout_block(ids, conversation, order, (item_spans, field_spans), tuple(anchors))
 
     def _layout_block(self, ids, conversation, order, spans, anchors) -> Block:
-        grids = (
-            grids_tensor(conversation.images, list(order)) if order else torch.zeros(0, 3, dtype=torch.long)
-        )
-        split = split_prompt(self.handle, ids, grids)
-        positions = (
-            torch.cat(layout_positions(self.handle, split), dim=1)
-            if split
-            else torch.zeros(3, 0, dtype=torch.long)
-        )
-        rule = self.handle.position_rule
-        slots = sum(rule.image_slots(p.grid_thw) + 2 if p.kind == "image" else p.length for p in split)
-        pieces = tuple(
-            (p.kind, p.begin, p.length, p.grid_thw, order[p.image_index] if p.kind == "image" else None)
-            for p in split
-        )
-        return Block(ids, positions, slots, pieces, tuple(order), spans[0], spans[1], anchors)
+        """The block of ``ids`` (its images, in ``order``, already expanded): pieces and positions from 0, laid
+        out directly (each image's pad run is where its markers say)."""
+        proc, n = self.handle.processor, int(ids.shape[0])
+        grids = [conversation.images[i].grid for i in order]
+        pieces, parts, cursor, position = [], [], 0, 0
+        if grids:
+            is_pad = ids == proc.image_token_id
+            runs = (is_pad & ~torch.cat([is_pad.new_zeros(1), is_pad[:-1]])).nonzero().flatten().tolist()
+            if len(runs) != len(grids):
+                raise _NotIncremental
+            for first_pad, grid, image in zip(runs, grids, order, strict=True):
+                begin, span_ids, span_positions = first_pad - 1, *image_span(self.handle, grid, 0)
+                end = begin + int(span_ids.shape[0])
+                if begin < cursor or end > n or not torch.equal(ids[begin:end], span_ids):
+                    raise _NotIncremental  # markers or pad count not as the image's grid says
+                if begin > cursor:
+                    pieces.append(("text", cursor, begin - cursor, None, None))
+                    parts.append(text_span(ids[cursor:begin], position)[1])
+                    position += begin - cursor
+                pieces.append(("image", begin, end - begin, grid, image))
+                parts.append(span_positions + position)
+                position += self.handle.position_rule.image_slots(grid) + 2
+                cursor = end
+        if cursor < n:
+            pieces.append(("text", cursor, n - cursor, None, None))
+            parts.append(text_span(ids[cursor:], position)[1])
+            position += n - cursor
+        positions = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
+        return Block(ids, positions, position, tuple(pieces), tuple(order), spans[0], spans[1], anchors)
 
 
 def lay_out(

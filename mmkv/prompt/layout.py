@@ -176,13 +176,14 @@ def full_layout(
     add_generation_prompt: bool = True,
     window: int | None = None,
     trace: bool = False,
+    history_start: int = 0,
 ) -> PromptLayout:
     """``lay_out`` by rendering the whole conversation at once (the reference, and the path for chat templates
     that do not render message by message). Changes nothing."""
     visible = set(conversation.visible_images(window))
     messages = [
         Message(m.role, tuple(i for i in m.items if not isinstance(i, ImageItem) or i.image_index in visible))
-        for m in conversation.messages
+        for m in conversation.prompt_messages(history_start)
     ]
     if question is not None:
         item = TextItem(question, QUESTION_ITEM_ID)

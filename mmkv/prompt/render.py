@@ -52,8 +52,10 @@ def _control_pattern(processor) -> re.Pattern:
     """A regex matching any added token of the processor's tokenizer (longest first), cached on it."""
     pattern = getattr(processor, "_mmkv_control_pattern", None)
     if pattern is None:
-        tokens = sorted(processor.tokenizer.get_added_vocab(), key=len, reverse=True)
+        vocab = processor.tokenizer.get_added_vocab()
+        tokens = sorted(vocab, key=len, reverse=True)
         pattern = re.compile("|".join(re.escape(t) for t in tokens)) if tokens else re.compile(r"(?!x)x")
+        processor._mmkv_added_vocab = vocab  # added token -> id
         processor._mmkv_control_pattern = pattern
     return pattern
 
@@ -74,7 +76,7 @@ def encode_parts(
     image placeholders do not match ``pad_counts``.
     """
     control = _control_pattern(processor)
-    vocab = processor.tokenizer.get_added_vocab()
+    vocab = processor._mmkv_added_vocab  # filled in with the pattern
     pad, counts = processor.image_token_id, list(pad_counts or [])
     units: list = []  # a list of control ids, or [run text, [(part index, char begin, char end), ...]]
     placeholders = 0
