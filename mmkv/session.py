@@ -24,7 +24,6 @@ from .cache import EncoderStore, ImageDigest, ImageKVStore
 from .cache.memory import MemoryTier
 from .config import SessionConfig, check_int, check_question, check_sampling, check_stores
 from .conversation import Conversation, ConversationImage
-from .errors import PromptTooLongError
 from .images import ImageSource
 from .kv import KVSegment
 from .kv.vision import ImageFeatures
@@ -40,13 +39,12 @@ from .runtime import (
     ReusePolicy,
     Sampling,
     TurnSources,
-    execute,
     generate,
     pad_features,
-    plan_turn,
     prepare_image,
     replace_span,
     resolve_features,
+    run_turn,
 )
 
 __all__ = ["Answer", "ImageReuse", "PrefillStats", "ReusePolicy", "Session", "SessionConfig"]
@@ -240,7 +238,8 @@ class Session:
     def _bring_up_to_date(
         self, question: str | None, add_generation_prompt: bool = True, reuse: ReusePolicy | None = None
     ) -> tuple[torch.Tensor, PrefillStats]:
-        """Steps 1-5 of a turn; returns the last prompt token's logits (on the host) and what it took."""
+        """Steps 1-5 of a turn (``mmkv.runtime.turn``); returns the last prompt token's logits (on the host)
+        and what it took."""
         started = time.perf_counter()
         policy = self.config.policy if reuse is None else replace(self.config.policy, reuse=reuse)
         # 1. lay out (spans traced only when precompiled segments may be spliced)
@@ -249,27 +248,17 @@ class Session:
             self.config.max_prompt_tokens, self.conversation, question=question, trace=trace,
             add_generation_prompt=add_generation_prompt, window=self.config.window, history_start=self.history_start,
         )  # fmt: skip
-        if layout.num_positions > self.model.max_positions:
-            raise PromptTooLongError(
-                f"the prompt needs {layout.num_positions} positions; this model has {self.model.max_positions} "
-                "(max_position_embeddings). Use a smaller window or fewer turns"
-            )
-        # 2. matching prefix: keep it, cut the rest (text cut off whole is kept aside for kv reuse)
-        keep = self.live.matching_prefix(layout)
-        reusable_text = self.live.truncate(keep, collect_text=policy.reuse == "kv")
-        # 3. plan
-        sources = self._sources(policy.reuse)
-        plan = plan_turn(layout, self.conversation.images, keep, policy, sources, reusable_text)
-        # 4. execute: one forward call
-        forward_before = self.live.forward_seconds
-        logits = execute(self.model, self.live, plan, layout, self.conversation.images, sources).cpu()
-        stats = PrefillStats(
-            layout.num_tokens, plan.prefilled, plan.reused, list(plan.images), time.perf_counter() - started,
-            self.live.forward_seconds - forward_before,
-        )  # fmt: skip
+        # 2-5. matching prefix, plan, execute, store writes
+        logits, stats = run_turn(
+            self.model,
+            self.live,
+            layout,
+            self.conversation.images,
+            self._sources(policy.reuse),
+            policy,
+            started,
+        )
         self.last_prefill = stats
-        # 5. store writes, after the first token is known
-        sources.flush(self.live, plan.writes)
         return logits, stats
 
     # ----------------------------------------------------------------------- the edit protocol (mmkv.text.edit)

@@ -24,6 +24,7 @@ from .plan import (
 )
 from .report import Answer, PrefillStats
 from .sources import TurnSources, inputs_nbytes, prepare_image, preprocess
+from .turn import check_positions, run_turn
 
 __all__ = [
     "GREEDY",
@@ -42,6 +43,7 @@ __all__ = [
     "TurnPolicy",
     "TurnSources",
     "attention_mask",
+    "check_positions",
     "execute",
     "generate",
     "inputs_nbytes",
@@ -52,5 +54,6 @@ __all__ = [
     "preprocess",
     "replace_span",
     "resolve_features",
+    "run_turn",
     "vision_token_ids",
 ]

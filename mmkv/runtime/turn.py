@@ -1,0 +1,71 @@
+"""``run_turn``: bring a live cache up to one prompt with the least work, the steps every turn takes (a
+``Session``'s and the server's alike), given the prompt's ``PromptLayout``.
+
+2. keep the live cache's **matching prefix** (same ids and positions: exact) and cut the rest, keeping text cut
+   off whole aside for ``kv`` reuse;
+3. **plan** every later token (``plan_turn``: spliced from a store or the cut-off text, or computed);
+4. **execute** the plan (one forward call, masks bounded);
+5. **flush** the turn's store writes, after the first token's logits are on the host.
+
+(Step 1, laying the prompt out, and step 6, decoding, are the caller's.) On an exception the live cache is in
+an undefined state: run it inside ``LiveCache.dropped_on_error``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from ..conversation import ConversationImage
+from ..errors import PromptTooLongError
+from ..model.handle import ModelHandle
+from ..prompt.layout import PromptLayout
+from .execute import execute
+from .live import LiveCache
+from .plan import TurnPolicy, plan_turn
+from .report import PrefillStats
+from .sources import TurnSources
+
+__all__ = ["check_positions", "run_turn"]
+
+
+def check_positions(handle: ModelHandle, layout: PromptLayout) -> None:
+    """``PromptTooLongError`` unless ``layout`` fits the model's ``max_position_embeddings``."""
+    if layout.num_positions > handle.max_positions:
+        raise PromptTooLongError(
+            f"the prompt needs {layout.num_positions} positions; this model has {handle.max_positions} "
+            "(max_position_embeddings). Use a smaller window or fewer turns"
+        )
+
+
+def run_turn(
+    handle: ModelHandle,
+    live: LiveCache,
+    layout: PromptLayout,
+    images: Sequence[ConversationImage],
+    sources: TurnSources,
+    policy: TurnPolicy,
+    started: float | None = None,
+) -> tuple[torch.Tensor, PrefillStats]:
+    """Steps 2-5 for ``layout`` (whose images are ``images[i]``): returns the ``(vocab,)`` float32 logits of the
+    prompt's last token, on the host, and what it took (``seconds`` counted from ``started``, default now).
+    Mutates ``live`` (it holds the prompt afterwards) and the stores (the turn's writes)."""
+    started = time.perf_counter() if started is None else started
+    check_positions(handle, layout)
+    # 2. matching prefix
+    keep = live.matching_prefix(layout)
+    reusable_text = live.truncate(keep, collect_text=policy.reuse == "kv")
+    # 3. plan
+    plan = plan_turn(layout, images, keep, policy, sources, reusable_text)
+    # 4. execute
+    forward_before = live.forward_seconds
+    logits = execute(handle, live, plan, layout, images, sources).cpu()
+    stats = PrefillStats(
+        layout.num_tokens, plan.prefilled, plan.reused, list(plan.images), time.perf_counter() - started,
+        live.forward_seconds - forward_before,
+    )  # fmt: skip
+    # 5. store writes, after the first token is known
+    sources.flush(live, plan.writes)
+    return logits, stats
