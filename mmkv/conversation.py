@@ -249,13 +249,14 @@ class Conversation:
         self._field_values.update(checked)
         return item
 
-    def add_image(self, image: ConversationImage, role: str = "user") -> int:
-        """Append ``image`` to the last ``role`` message (a new one if the last message has another role).
-        Returns its index in ``images``."""
+    def add_image(self, image: ConversationImage, role: str = "user", *, new_message: bool = False) -> int:
+        """Append ``image`` to the last ``role`` message (a new one if the last message has another role, or
+        with ``new_message``). Returns its index in ``images``."""
         if not isinstance(image, ConversationImage):
             raise TypeError(f"add_image takes a ConversationImage, got {type(image).__name__}")
+        check_role(role)
         self.images.append(image)
-        self._append(role, ImageItem(len(self.images) - 1), new_message=False)
+        self._append(role, ImageItem(len(self.images) - 1), new_message=new_message)
         return len(self.images) - 1
 
     def set_field(self, name: str, value: str) -> None:

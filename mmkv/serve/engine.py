@@ -1,0 +1,122 @@
+"""``Engine``: what one server holds (the model, its stores, the pool of live caches, the model worker, the
+metrics), and the translation between OpenAI requests and mmkv's records.
+
+A request's messages become a ``Conversation`` exactly as a ``Session`` would hold them (one message per
+request message; text parts as text items; image parts, user messages only, decoded, keyed and preprocessed
+here, before the request queues), so the server's prompt is the one ``Session.ask`` renders for the same
+conversation.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import mmkv
+
+from ..cache import EncoderStore, KVStore
+from ..cache.memory import MemoryTier
+from ..conversation import Conversation
+from ..runtime import prepare_image
+from .config import ServerConfig
+from .media import MediaError, MediaPolicy, read_image_url
+from .metrics import Metrics
+from .pool import LivePool
+from .schema import ChatCompletionRequest, ImagePart
+from .worker import Completion, Worker
+
+__all__ = ["Engine"]
+
+
+class Engine:
+    """The model and everything a server shares between requests."""
+
+    def __init__(self, config: ServerConfig, handle: mmkv.ModelHandle | None = None) -> None:
+        """Load the model (or take ``handle``) and open the stores; raises ``mmkv.MmkvError`` (e.g.
+        ``ModelNotFoundError``, ``StoreUnavailableError``) when they cannot be."""
+        self.config = config
+        self.handle = handle or mmkv.load(config.model, device=config.device)
+        self.kv_store, self.encoder_store = _stores(config.stores)
+        self.pixels = MemoryTier(256 << 20)
+        self.pool = LivePool(self.handle, config.pool_bytes)
+        self.metrics = Metrics()
+        self.media = MediaPolicy(
+            config.allowed_media_domains, config.allowed_local_media_path, config.max_image_bytes,
+            config.fetch_timeout_s,
+        )  # fmt: skip
+        self.worker = Worker(self.handle, self.kv_store, self.encoder_store, self.pixels, self.pool,
+                             self.metrics, config.max_queue)  # fmt: skip
+        self.started = time.time()
+
+    def conversation(self, body: ChatCompletionRequest) -> Conversation:
+        """The request's messages as a ``Conversation`` (images fetched or decoded, keyed, preprocessed).
+        Raises ``MediaError`` or an ``mmkv.MmkvError`` (text, role or image), changing nothing shared."""
+        conversation, images = Conversation(), 0
+        for message in body.messages:
+            parts = message.content
+            if parts is None or isinstance(parts, str):
+                conversation.add_text(parts or "", message.role, new_message=True)
+                continue
+            for number, part in enumerate(parts):
+                first = number == 0
+                if not isinstance(part, ImagePart):
+                    conversation.add_text(part.text, message.role, new_message=first)
+                    continue
+                if message.role != "user":
+                    raise MediaError(
+                        f"images are accepted in user messages only, not in a {message.role} message"
+                    )
+                images += 1
+                if images > self.config.max_images:
+                    raise MediaError(f"a request holds at most {self.config.max_images} images", 413)
+                data = read_image_url(part.image_url.url, self.media)
+                record = prepare_image(self.handle, data, self.config, self.encoder_store, self.pixels)
+                conversation.add_image(record, message.role, new_message=first)
+        return conversation
+
+    def usage(self, completion: Completion) -> dict:
+        """The OpenAI usage object; ``cached_tokens`` = prompt tokens whose KV was not recomputed."""
+        stats = completion.stats
+        return {
+            "prompt_tokens": stats.prompt_tokens,
+            "completion_tokens": len(completion.token_ids),
+            "total_tokens": stats.prompt_tokens + len(completion.token_ids),
+            "prompt_tokens_details": {"cached_tokens": stats.reused},
+        }
+
+    def extension(self, completion: Completion) -> dict:
+        """The ``mmkv`` object of a response: where each image came from, and what the turn took."""
+        stats = completion.stats
+        images = [
+            {"index": r.index, "source": r.source, "encoder": r.encoder, "digest": r.digest}
+            for r in stats.images
+        ]
+        return {
+            "images": images,
+            "prefilled_tokens": stats.prefilled,
+            "reused_tokens": stats.reused,
+            "ttft_ms": round(1e3 * completion.ttft_s, 3),
+            "queue_ms": round(1e3 * completion.queue_s, 3),
+        }
+
+    def record(self, completion: Completion) -> None:
+        """Count a finished request in the metrics."""
+        m, stats = self.metrics, completion.stats
+        m.ttft.observe(completion.ttft_s)
+        m.prompt_tokens.inc(stats.prompt_tokens)
+        m.cached_tokens.inc(stats.reused)
+        m.prefilled_tokens.inc(stats.prefilled)
+        m.completion_tokens.inc(len(completion.token_ids))
+        for image in stats.images:
+            m.image_sources.labels(image.source).inc()
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def _stores(tiers: tuple[str, ...]) -> tuple[KVStore, EncoderStore]:
+    """The KV and encoder stores over the configured tiers (memory only when none)."""
+    directory = next((Path(t).expanduser() for t in tiers if "://" not in t), None)
+    if directory is None:
+        return KVStore(), EncoderStore()
+    return KVStore(path=directory), EncoderStore(path=directory / "encoder")
