@@ -300,3 +300,20 @@ def test_answers_never_contain_vision_tokens_even_when_the_model_favours_them():
     vision = {proc.image_token_id, proc.vision_start_token_id, proc.vision_end_token_id}
     assert answer.token_ids and not vision & set(answer.token_ids)
     assert int(logits.argmax()) == proc.image_token_id  # the model's own logits do favour the pad
+
+
+def test_an_image_replaced_by_another_of_the_same_size_is_never_kept_as_live(tiny):
+    """Two different images of one grid at the same place in consecutive prompts (window=1, same text around
+    them): their pads have the same ids and positions, but the second is never served the first's live KV
+    (under kv it is computed; under the exact encoder policy the logits equal full recompute)."""
+    patch = tiny.processor.patch_size
+    first, second = random_image(70, (4, 6), patch), random_image(71, (4, 6), patch)
+    for reuse in ("kv", "encoder"):
+        session = mmkv.Session(tiny, reuse=reuse, window=1)
+        session.add_image(first)
+        session.next_token_logits("What is it?")
+        session.add_image(second)  # the window now shows only the second, where the first was
+        logits = session.next_token_logits("What is it?")
+        assert [r.source for r in session.last_prefill.images] == ["computed"]
+        if reuse == "encoder":
+            assert _max_abs(logits, session.fork(reuse="none").next_token_logits("What is it?")) <= 1e-4

@@ -217,8 +217,16 @@ class LayoutBuilder:
                 field_spans |= {k: (b + start, e + start) for k, (b, e) in block.field_spans.items()}
                 found += [SegmentAnchor(a.begin + start, a.segment, a.seam) for a in block.segments]
             anchors = tuple(found)
+        digests = tuple(conversation.images[i].digest for i in order)
         return PromptLayout(
-            token_ids, all_positions, tuple(all_pieces), tuple(order), item_spans, field_spans, anchors
+            token_ids,
+            all_positions,
+            tuple(all_pieces),
+            tuple(order),
+            item_spans,
+            field_spans,
+            anchors,
+            digests,
         )
 
     # ------------------------------------------------------------------------------------------------ blocks

@@ -143,9 +143,11 @@ class PromptLayout:
     image_order: tuple[int, ...]  # conversation image index of each prompt image, in prompt order
     item_spans: dict[int, tuple[int, int]] | None  # text item_id -> token span (None when not traced)
     field_spans: dict[str, tuple[int, int]] | None  # field name -> token span of its value (None likewise)
-    segments: tuple[
-        SegmentAnchor, ...
-    ] = ()  # precompiled segments placed in the prompt (traced layouts only)
+    segments: tuple[SegmentAnchor, ...] = ()  # precompiled segments placed (traced layouts only)
+    image_digests: tuple[
+        str, ...
+    ] = ()  # content digest of each prompt image, in prompt order (the pads of two
+    # images of one grid have the same ids and positions: only the digest tells them apart)
 
     def __post_init__(self) -> None:
         n = int(self.token_ids.shape[0])
@@ -161,6 +163,10 @@ class PromptLayout:
     def num_positions(self) -> int:
         """Position slots the prompt occupies (its largest position + 1; 0 when empty)."""
         return int(self.positions.max()) + 1 if self.num_tokens else 0
+
+    def digest_of(self, piece: PromptPiece) -> str:
+        """The content digest of an image piece's image."""
+        return self.image_digests[piece.image_index]
 
     def image_of(self, piece: PromptPiece) -> int:
         """The conversation image index of an image piece."""
@@ -218,4 +224,5 @@ def full_layout(
         rendered.item_spans,
         rendered.field_spans,
         tuple(sorted(anchors, key=lambda a: a.begin)),
+        tuple(conversation.images[i].digest for i in order),
     )

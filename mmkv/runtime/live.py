@@ -60,6 +60,7 @@ class LiveCache:
         self.token_ids = torch.zeros(0, dtype=torch.long)  # (N,) id of every entry
         self.positions = torch.zeros(3, 0, dtype=torch.long)  # (3, N) position of every entry
         self.pieces: tuple = ()  # pieces of the held prompt, in order: objects with kind, begin, end
+        self.image_digests: dict[int, str] = {}  # first entry of each held image -> its content digest
         self.forward_seconds = 0.0  # time spent in the model's forward building this cache (a running total)
 
     @contextlib.contextmanager
@@ -87,11 +88,13 @@ class LiveCache:
             return 0
         same = (self.token_ids[:n] == ids[:n]) & (self.positions[:, :n] == positions[:, :n]).all(0)
         keep = n if bool(same.all()) else int((~same).nonzero()[0])
-        at = (
-            bisect.bisect_right(layout.pieces, keep, key=lambda piece: piece.begin) - 1
-        )  # the piece holding keep
+        at = bisect.bisect_right(layout.pieces, keep, key=lambda p: p.begin) - 1  # the piece holding keep
         if at >= 0 and layout.pieces[at].kind == "image" and layout.pieces[at].begin < keep:
-            return layout.pieces[at].begin  # never keep half an image
+            keep = layout.pieces[at].begin  # never keep half an image
+        for piece in layout.pieces[: max(at, 0) + 1]:  # same ids and positions; but the same images?
+            if piece.kind == "image" and piece.begin < keep:
+                if self.image_digests.get(piece.begin) != layout.digest_of(piece):
+                    return piece.begin
         return keep
 
     def truncate(self, keep: int, collect_text: bool = False) -> list[KVSegment]:
@@ -112,6 +115,7 @@ class LiveCache:
         self.token_ids = self.token_ids[:keep]
         self.positions = self.positions[:, :keep]
         self.pieces = self.pieces[:whole]
+        self.image_digests = {b: d for b, d in self.image_digests.items() if b < keep}
         return segments
 
     def segment(
@@ -136,6 +140,7 @@ class LiveCache:
         assert self.cache.get_seq_length() == layout.num_tokens, "the cache does not hold the whole prompt"
         self.token_ids, self.positions = layout.token_ids.clone(), layout.positions.clone()
         self.pieces = layout.pieces  # (kind, begin, end) of each: PromptPiece serves as a live piece
+        self.image_digests = {p.begin: layout.digest_of(p) for p in layout.pieces if p.kind == "image"}
 
     def append_tokens(self, token_ids: torch.Tensor, positions: torch.Tensor) -> None:
         """Say that the cache grew by ``token_ids`` (``(n,)``) at ``positions`` (``(3, n)``): decoded tokens,

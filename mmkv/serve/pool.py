@@ -78,6 +78,7 @@ class LivePool:
         live.cache = segments_to_cache([entry.segment(0, keep)], self.handle.text_config)
         live.token_ids, live.positions = entry.token_ids[:keep].clone(), entry.positions[:, :keep].clone()
         live.pieces = tuple(p for p in entry.pieces if p.end <= keep)
+        live.image_digests = {b: d for b, d in entry.image_digests.items() if b < keep}
         return live
 
     def checkin(self, live: LiveCache) -> None:
