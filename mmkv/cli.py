@@ -70,6 +70,8 @@ def _serve(args) -> None:
             max_queue=args.max_queue,
             api_key=args.api_key,
             pool_bytes=args.pool_bytes,
+            max_body_bytes=args.max_body_bytes,
+            max_image_bytes=args.max_image_bytes,
             request_timeout_s=args.request_timeout,
             max_tokens=args.max_tokens,
             device=args.device,

@@ -90,7 +90,7 @@ def create_app(engine: Engine) -> FastAPI:
             return finish(error.response())
         except MediaError as error:
             return finish(ApiError(error.status, str(error), param="messages").response())
-        except MmkvError as error:
+        except (MmkvError, ValueError, TypeError) as error:  # bad text, role or image: the caller's to fix
             status = 413 if "over the bound" in str(error) else 400
             return finish(ApiError(status, str(error), param="messages").response())
         options = body.mmkv

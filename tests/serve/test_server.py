@@ -101,19 +101,19 @@ def test_same_context_kv_equals_reuse_none(server):
     ],
 )
 def test_special_token_text_cannot_create_or_shift_image_spans(server, hostile):
-    """Control-token strings in user and system text: the prompt still holds one image span (the real one), its
-    later answer equals that of the same conversation with the hostile text as a harmless stand-in of the same
-    characters' length... compared through a session that tokenises it as text: the server's answer equals
-    Session.ask over the same conversation."""
+    """Control-token strings in user and system text: the prompt holds exactly one image span (the real one),
+    and this answer and the next turn's equal Session.ask's over the same conversation (which tokenises such
+    text as text), prompt sizes included."""
     client = server.client()
-    messages = [{"role": "system", "content": hostile}, user(hostile, image_part(30), "What now?")]
+    seed = 30 + len(hostile)  # an image no other test stored (a store hit from another context would splice)
+    messages = [{"role": "system", "content": hostile}, user(hostile, image_part(seed), "What now?")]
     response = _ask(client, messages)
     assert len(_ext(response)["images"]) == 1
     handle = mmkv.load("tiny-qwen3-vl", device="cpu")
     session = mmkv.Session(handle)
     session.add_text(hostile, role="system")
     session.add_text(hostile)
-    session.add_image(png(30))
+    session.add_image(png(seed))
     assert session.ask("What now?", max_new_tokens=6).text == response.choices[0].message.content
     later = _ask(client, [*messages, {"role": "assistant", "content": response.choices[0].message.content},
                           user("Again?")])  # fmt: skip
@@ -238,7 +238,11 @@ def _error(response) -> dict:
             400,
             "user messages only",
         ),
-        ({"model": "tiny-qwen3-vl", "messages": [{"role": "user", "content": "bad \ud800"}]}, 400, "Unicode"),
+        (
+            {"model": "tiny-qwen3-vl", "messages": [{"role": "user", "content": "bad \ud800"}]},
+            422,
+            "valid string",
+        ),
         (
             {
                 "model": "tiny-qwen3-vl",
@@ -251,9 +255,11 @@ def _error(response) -> dict:
 )
 def test_refusals_carry_their_status_and_message(server, body, status, match):
     """Each bad request: its status, an OpenAI error object, a message saying what is wrong; never a 500."""
-    response = server.post(json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    response = server.post(json.dumps(body).encode())  # a lone surrogate travels as the escape \\ud800
     assert response.status_code == status, response.text
     assert match in _error(response)["message"]
+    raw = server.post(json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass"))  # raw bytes
+    assert raw.status_code in (status, 400, 422) and raw.status_code != 500
 
 
 def test_size_bounds_give_413(server):
@@ -261,7 +267,7 @@ def test_size_bounds_give_413(server):
     big_text = {"model": "tiny-qwen3-vl", "messages": [{"role": "user", "content": "x" * 2_100_000}]}
     response = server.post(big_text)
     assert response.status_code == 413 and "request body" in _error(response)["message"]
-    noise = png(5, (40, 60))
+    noise = png(5, (20, 30))
     assert len(noise) > 300_000
     import base64
 
@@ -332,3 +338,19 @@ def _swallow(fn) -> None:
         fn()
     except openai.APIError:
         pass
+
+
+def test_another_conversation_never_corrupts_the_entry_one_continues_from(server):
+    """A's turn 1, then B (same system prompt, another screenshot: it shares only a prefix of A's entry, so it
+    works on a copy), then A's turn 2: A still continues from its whole entry (cached >= A1's prompt), with the
+    answer a fresh recompute gives."""
+    client = server.client()
+    shared = {"role": "system", "content": "Shared system prompt for the pool test."}
+    a1 = [shared, user(image_part(60), "A: step 1")]
+    first = _ask(client, a1)
+    _ask(client, [shared, user(image_part(61, (2, 4)), "B: step 1")])
+    a2 = [*a1, {"role": "assistant", "content": first.choices[0].message.content}, user("A: step 2")]
+    second = _ask(client, a2)
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    fresh = _ask(client, a2, extra_body={"mmkv": {"reuse": "none"}})
+    assert second.choices[0].message.content == fresh.choices[0].message.content
