@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import base64
 import io
-import os
-import socket
-import subprocess
-import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -16,24 +11,14 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from mmkv.serve.process import ServerProcess
 from tests.conftest import random_image
 
-ROOT = Path(__file__).resolve().parents[2]
 PATCH = 16  # tiny-qwen3-vl's patch size
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RunningServer:
-    """A server process and how to reach it."""
-
-    def __init__(self, process: subprocess.Popen, port: int, log: Path, api_key: str | None) -> None:
-        self.process, self.port, self.log, self.api_key = process, port, log, api_key
-        self.base_url = f"http://127.0.0.1:{port}"
+class RunningServer(ServerProcess):
+    """A server process and how to reach it with the openai client and plain HTTP."""
 
     def client(self, **kwargs) -> OpenAI:
         return OpenAI(
@@ -42,13 +27,10 @@ class RunningServer:
 
     def post(self, body, headers=None, **kwargs) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.api_key}", **(headers or {})} if self.api_key else headers
+        url = f"{self.base_url}/v1/chat/completions"
         if isinstance(body, (bytes, str)):
-            return httpx.post(
-                f"{self.base_url}/v1/chat/completions", content=body, headers=headers, timeout=60, **kwargs
-            )
-        return httpx.post(
-            f"{self.base_url}/v1/chat/completions", json=body, headers=headers, timeout=60, **kwargs
-        )
+            return httpx.post(url, content=body, headers=headers, timeout=60, **kwargs)
+        return httpx.post(url, json=body, headers=headers, timeout=60, **kwargs)
 
     def get(self, path: str) -> httpx.Response:
         return httpx.get(f"{self.base_url}{path}", timeout=30)
@@ -56,35 +38,12 @@ class RunningServer:
 
 @contextmanager
 def run_server(tmp: Path, *args: str, api_key: str | None = None):
-    """Start ``mmkv serve`` on tiny-qwen3-vl with ``args``; yields a ``RunningServer`` once /health answers."""
-    port = free_port()
-    log = tmp / f"server-{port}.log"
-    command = [sys.executable, "-m", "mmkv", "serve", "--model", "tiny-qwen3-vl", "--port", str(port),
-               "--device", "cpu", *args, *(["--api-key", api_key] if api_key else [])]  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    with open(log, "w") as sink:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env=env)
-    server = RunningServer(process, port, log, api_key)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"the server exited: {log.read_text()[-2000:]}")
-            try:
-                if server.get("/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the server did not come up: {log.read_text()[-2000:]}")
-            time.sleep(0.2)
+    """``mmkv serve`` on tiny-qwen3-vl with ``args``, up once /health answers."""
+    server = RunningServer(
+        ["--model", "tiny-qwen3-vl", "--device", "cpu", *args], tmp / "server.log", api_key
+    )
+    with server:
         yield server
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 @pytest.fixture(scope="module")

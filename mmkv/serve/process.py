@@ -1,0 +1,66 @@
+"""``ServerProcess``: ``python -m mmkv serve ...`` as a child process on a free port of 127.0.0.1, waited for
+until ``/health`` answers (the tests and ``bench/serve.py`` drive servers this way, as vLLM's tests do)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+__all__ = ["ServerProcess", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A running ``mmkv serve``; a context manager (started on enter, stopped on exit)."""
+
+    def __init__(
+        self, args: list[str], log: Path, api_key: str | None = None, startup_s: float = 120.0
+    ) -> None:
+        self.args, self.log, self.api_key, self.startup_s = list(args), Path(log), api_key, startup_s
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> ServerProcess:
+        command = [sys.executable, "-m", "mmkv", "serve", "--port", str(self.port), *self.args]
+        if self.api_key:
+            command += ["--api-key", self.api_key]
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(
+            os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        )
+        with open(self.log, "w") as sink:
+            self.process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + self.startup_s
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited: {self.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.__exit__(None, None, None)
+                raise RuntimeError(f"the server did not come up: {self.log.read_text()[-2000:]}")
+            time.sleep(0.2)
+
+    def __exit__(self, *exc) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
