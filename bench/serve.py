@@ -78,7 +78,7 @@ async def _request(client: AsyncOpenAI, model: str, messages: list, max_tokens: 
 
 
 async def _screenshot_agent(
-    client, model, agent: int, turns: int, window: int, max_tokens: int
+    client, agent: int, *, model: str, turns: int, window: int, max_tokens: int
 ) -> list[dict]:
     history = [{"role": "system", "content": "You operate a desktop app. Reply with one tool call."}]
     steps, out = [], []
