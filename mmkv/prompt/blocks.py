@@ -17,17 +17,14 @@ generation prompt; the 300 messages before it are reused as tensors, ids and pos
 from __future__ import annotations
 
 import bisect
-import re
 from dataclasses import dataclass
 
 import torch
 
 from ..conversation import Conversation, ImageItem, Message, TextItem
 from ..errors import PromptTooLongError
-from ..fields import fill_template
-from ..kv.spans import image_span, text_span
 from ..model.handle import ModelHandle
-from .chunks import is_separable, is_verbatim, render_views, templates_of
+from .chunks import is_separable, is_verbatim, templates_of
 from .layout import (
     QUESTION_ITEM_ID,
     PromptLayout,
@@ -35,28 +32,9 @@ from .layout import (
     SegmentAnchor,
     full_layout,
 )
-from .render import _MARK_PATTERN, _control_pattern, _split_at, encode_parts
+from .message import Block, NotIncremental, generation_block, message_block
 
 __all__ = ["Block", "LayoutBuilder", "lay_out"]
-
-
-@dataclass(frozen=True, eq=False)
-class Block:
-    """One message's share of a prompt, laid out from position 0."""
-
-    token_ids: torch.Tensor  # (n,) long
-    positions: torch.Tensor  # (3, n) long, relative to the block's first position
-    num_slots: int  # position slots it occupies (the next block starts this much later)
-    pieces: tuple[tuple, ...]  # (kind, begin relative, length, grid, conversation image index) per piece
-    image_order: tuple[int, ...]  # conversation image index of each of its images
-    item_spans: dict[int, tuple[int, int]]  # item_id -> token span, relative
-    field_spans: dict[str, tuple[int, int]]  # field -> token span of its value, relative
-    segments: tuple[SegmentAnchor, ...]  # precompiled segments it holds exactly (begin relative)
-
-
-class _NotIncremental(Exception):
-    """This turn cannot be assembled from blocks (a chunk that does not start with a control token, or a
-    template that rewrites text): render it whole."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +83,7 @@ class LayoutBuilder:
                 return self._assemble(
                     conversation, question, add_generation_prompt, window, trace, history_start
                 )
-            except _NotIncremental:
+            except NotIncremental:
                 self._previous = None
         return full_layout(
             self.handle, conversation, question=question, add_generation_prompt=add_generation_prompt,
@@ -238,97 +216,14 @@ class LayoutBuilder:
             message.role,
             tuple(i for i in message.items if not isinstance(i, ImageItem) or i.image_index in visible),
         )
-        block = self._make_block(shown, key[1], conversation)
+        block = message_block(self.handle, self._templates, self._verbatim, shown, key[1], conversation)
         self._blocks[key] = (message, block)
         return block
 
     def _generation_block(self) -> Block:
         if self._generation is None:
-            self._check_starts_with_control(self._templates.generation_suffix)
-            ids, _ = encode_parts(self.handle.processor, [(self._templates.generation_suffix, True)])
-            self._generation = self._layout_block(
-                ids, conversation=None, order=(), spans=({}, {}), anchors=()
-            )
+            self._generation = generation_block(self.handle, self._templates.generation_suffix)
         return self._generation
-
-    def _check_starts_with_control(self, text: str) -> None:
-        if text and not _control_pattern(self.handle.processor).match(text):
-            raise _NotIncremental
-
-    def _make_block(self, message: Message, first: bool, conversation: Conversation) -> Block:
-        items = [i for i in message.items if isinstance(i, TextItem)]
-        chunk = self._templates.structure_chunk(message, first)
-        direct_chunk = None if self._verbatim else self._templates.chunk(render_views(message)[1], first)
-        if chunk is None or (direct_chunk is None and not self._verbatim):
-            raise _NotIncremental
-        self._check_starts_with_control(chunk)
-        pieces = re.split(_MARK_PATTERN, chunk)
-        parts: list[tuple[str, bool]] = []
-        tags: list[tuple[TextItem, str | None] | None] = []
-        for k, piece in enumerate(pieces):
-            if k % 2 == 0:
-                parts.append((piece, True))
-                tags.append(None)
-                continue
-            item = items[int(piece)]
-            spans = fill_template(item.template, item.field_map)[1] if item.fields else {}
-            for text, name in _split_at(item.text, spans):
-                parts.append((text, False))
-                tags.append((item, name))
-        if not self._verbatim and "".join(text for text, _ in parts) != direct_chunk:
-            raise _NotIncremental  # the template rewrites this message's text
-        order = message.image_indices
-        counts = [self.handle.position_rule.num_image_tokens(conversation.images[i].grid) for i in order]
-        ids, spans = encode_parts(self.handle.processor, parts, offsets=True, pad_counts=counts)
-        item_spans: dict[int, tuple[int, int]] = {}
-        field_spans: dict[str, tuple[int, int]] = {}
-        for part, tag in enumerate(tags):
-            if tag is None or part not in spans:
-                continue
-            item, name = tag
-            begin, end = spans[part]
-            old = item_spans.get(item.item_id)
-            item_spans[item.item_id] = (begin, end) if old is None else (min(old[0], begin), max(old[1], end))
-            if name is not None:
-                field_spans[name] = (begin, end)
-        anchors = []
-        for item in items:
-            if item.segment is not None and item.item_id in item_spans:
-                begin, end = item_spans[item.item_id]
-                if torch.equal(ids[begin:end], item.segment.token_ids):
-                    anchors.append(SegmentAnchor(begin, item.segment, item.seam))
-        return self._layout_block(ids, conversation, order, (item_spans, field_spans), tuple(anchors))
-
-    def _layout_block(self, ids, conversation, order, spans, anchors) -> Block:
-        """The block of ``ids`` (its images, in ``order``, already expanded): pieces and positions from 0, laid
-        out directly (each image's pad run is where its markers say)."""
-        proc, n = self.handle.processor, int(ids.shape[0])
-        grids = [conversation.images[i].grid for i in order]
-        pieces, parts, cursor, position = [], [], 0, 0
-        if grids:
-            is_pad = ids == proc.image_token_id
-            runs = (is_pad & ~torch.cat([is_pad.new_zeros(1), is_pad[:-1]])).nonzero().flatten().tolist()
-            if len(runs) != len(grids):
-                raise _NotIncremental
-            for first_pad, grid, image in zip(runs, grids, order, strict=True):
-                begin, span_ids, span_positions = first_pad - 1, *image_span(self.handle, grid, 0)
-                end = begin + int(span_ids.shape[0])
-                if begin < cursor or end > n or not torch.equal(ids[begin:end], span_ids):
-                    raise _NotIncremental  # markers or pad count not as the image's grid says
-                if begin > cursor:
-                    pieces.append(("text", cursor, begin - cursor, None, None))
-                    parts.append(text_span(ids[cursor:begin], position)[1])
-                    position += begin - cursor
-                pieces.append(("image", begin, end - begin, grid, image))
-                parts.append(span_positions + position)
-                position += self.handle.position_rule.image_slots(grid) + 2
-                cursor = end
-        if cursor < n:
-            pieces.append(("text", cursor, n - cursor, None, None))
-            parts.append(text_span(ids[cursor:], position)[1])
-            position += n - cursor
-        positions = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
-        return Block(ids, positions, position, tuple(pieces), tuple(order), spans[0], spans[1], anchors)
 
 
 def lay_out(
@@ -367,24 +262,22 @@ def _append_block(block: Block, token_starts, slot_starts, ids, positions, piece
     for kind, begin, length, grid, image in block.pieces:
         begin += start
         last = pieces[-1] if pieces else None
-        if kind == "text" and last is not None and _kind(last) == "text" and _end(last) == begin:
-            pieces[-1] = ("text", _begin(last), begin + length - _begin(last), None, None)
+        last_kind, last_begin, last_end = _span(last) if last is not None else (None, 0, 0)
+        if kind == "text" and last_kind == "text" and last_end == begin:
+            pieces[-1] = ("text", last_begin, begin + length - last_begin, None, None)
         else:
             pieces.append((kind, begin, length, grid, image))
     token_starts.append(start + int(block.token_ids.shape[0]))
     slot_starts.append(slot + block.num_slots)
 
 
-def _kind(piece) -> str:
-    return piece[0] if isinstance(piece, tuple) else piece.kind
-
-
-def _begin(piece) -> int:
-    return piece[1] if isinstance(piece, tuple) else piece.begin
-
-
-def _end(piece) -> int:
-    return piece[1] + piece[2] if isinstance(piece, tuple) else piece.end
+def _span(piece) -> tuple[str, int, int]:
+    """``(kind, begin, end)`` of a light tuple or a ``PromptPiece``."""
+    return (
+        (piece[0], piece[1], piece[1] + piece[2])
+        if isinstance(piece, tuple)
+        else (piece.kind, piece.begin, piece.end)
+    )
 
 
 def _materialise(pieces: list, ids: torch.Tensor, first_image: int) -> list[PromptPiece]:

@@ -1,0 +1,133 @@
+"""One message's block: its share of a prompt, rendered, tokenised (text only ever as text) and laid out from
+position 0, so that ``mmkv.prompt.blocks`` can assemble a turn's layout from the blocks of its messages."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import torch
+
+from ..conversation import Message, TextItem
+from ..fields import fill_template
+from ..kv.spans import image_span, text_span
+from ..model.handle import ModelHandle
+from .chunks import Templates, render_views
+from .layout import SegmentAnchor
+from .render import _MARK_PATTERN, _control_pattern, _split_at, encode_parts
+
+__all__ = ["Block", "NotIncremental", "generation_block", "message_block"]
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """One message's share of a prompt, laid out from position 0."""
+
+    token_ids: torch.Tensor  # (n,) long
+    positions: torch.Tensor  # (3, n) long, relative to the block's first position
+    num_slots: int  # position slots it occupies (the next block starts this much later)
+    pieces: tuple[tuple, ...]  # (kind, begin relative, length, grid, conversation image index) per piece
+    image_order: tuple[int, ...]  # conversation image index of each of its images
+    item_spans: dict[int, tuple[int, int]]  # item_id -> token span, relative
+    field_spans: dict[str, tuple[int, int]]  # field -> token span of its value, relative
+    segments: tuple[SegmentAnchor, ...]  # precompiled segments it holds exactly (begin relative)
+
+
+class NotIncremental(Exception):
+    """This turn cannot be assembled from blocks (a chunk that does not start with a control token, or a
+    template that rewrites text): render it whole."""
+
+
+def generation_block(handle: ModelHandle, suffix: str) -> Block:
+    """The block of the generation prompt (``suffix``, e.g. ``<|im_start|>assistant``)."""
+    _check_starts_with_control(handle, suffix)
+    ids, _ = encode_parts(handle.processor, [(suffix, True)])
+    return _layout_block(handle, ids, None, (), ({}, {}), ())
+
+
+def _check_starts_with_control(handle: ModelHandle, text: str) -> None:
+    if text and not _control_pattern(handle.processor).match(text):
+        raise NotIncremental
+
+
+def message_block(
+    handle: ModelHandle, templates: Templates, verbatim: bool, message: Message, first: bool, conversation
+) -> Block:
+    """The block of ``message`` (the first of its prompt or a later one; its images are ``conversation``'s):
+    its chunk from the template (per structure when ``verbatim``, else checked against a rendering with its
+    texts), tokenised with text as text and pads inserted. Raises ``NotIncremental`` where the template
+    cannot be taken apart this way."""
+    items = [i for i in message.items if isinstance(i, TextItem)]
+    chunk = templates.structure_chunk(message, first)
+    direct_chunk = None if verbatim else templates.chunk(render_views(message)[1], first)
+    if chunk is None or (direct_chunk is None and not verbatim):
+        raise NotIncremental
+    _check_starts_with_control(handle, chunk)
+    pieces = re.split(_MARK_PATTERN, chunk)
+    parts: list[tuple[str, bool]] = []
+    tags: list[tuple[TextItem, str | None] | None] = []
+    for k, piece in enumerate(pieces):
+        if k % 2 == 0:
+            parts.append((piece, True))
+            tags.append(None)
+            continue
+        item = items[int(piece)]
+        spans = fill_template(item.template, item.field_map)[1] if item.fields else {}
+        for text, name in _split_at(item.text, spans):
+            parts.append((text, False))
+            tags.append((item, name))
+    if not verbatim and "".join(text for text, _ in parts) != direct_chunk:
+        raise NotIncremental  # the template rewrites this message's text
+    order = message.image_indices
+    counts = [handle.position_rule.num_image_tokens(conversation.images[i].grid) for i in order]
+    ids, spans = encode_parts(handle.processor, parts, offsets=True, pad_counts=counts)
+    item_spans: dict[int, tuple[int, int]] = {}
+    field_spans: dict[str, tuple[int, int]] = {}
+    for part, tag in enumerate(tags):
+        if tag is None or part not in spans:
+            continue
+        item, name = tag
+        begin, end = spans[part]
+        old = item_spans.get(item.item_id)
+        item_spans[item.item_id] = (begin, end) if old is None else (min(old[0], begin), max(old[1], end))
+        if name is not None:
+            field_spans[name] = (begin, end)
+    anchors = []
+    for item in items:
+        if item.segment is not None and item.item_id in item_spans:
+            begin, end = item_spans[item.item_id]
+            if torch.equal(ids[begin:end], item.segment.token_ids):
+                anchors.append(SegmentAnchor(begin, item.segment, item.seam))
+    return _layout_block(handle, ids, conversation, order, (item_spans, field_spans), tuple(anchors))
+
+
+def _layout_block(handle: ModelHandle, ids, conversation, order, spans, anchors) -> Block:
+    """The block of ``ids`` (its images, in ``order``, already expanded): pieces and positions from 0, laid
+    out directly (each image's pad run is where its markers say)."""
+    proc, n = handle.processor, int(ids.shape[0])
+    grids = [conversation.images[i].grid for i in order]
+    pieces, parts, cursor, position = [], [], 0, 0
+    if grids:
+        is_pad = ids == proc.image_token_id
+        runs = (is_pad & ~torch.cat([is_pad.new_zeros(1), is_pad[:-1]])).nonzero().flatten().tolist()
+        if len(runs) != len(grids):
+            raise NotIncremental
+        for first_pad, grid, image in zip(runs, grids, order, strict=True):
+            begin, span_ids, span_positions = first_pad - 1, *image_span(handle, grid, 0)
+            end = begin + int(span_ids.shape[0])
+            if begin < cursor or end > n or not torch.equal(ids[begin:end], span_ids):
+                raise NotIncremental  # markers or pad count not as the image's grid says
+            if begin > cursor:
+                pieces.append(("text", cursor, begin - cursor, None, None))
+                parts.append(text_span(ids[cursor:begin], position)[1])
+                position += begin - cursor
+            pieces.append(("image", begin, end - begin, grid, image))
+            parts.append(span_positions + position)
+            position += handle.position_rule.image_slots(grid) + 2
+            cursor = end
+    if cursor < n:
+        pieces.append(("text", cursor, n - cursor, None, None))
+        parts.append(text_span(ids[cursor:], position)[1])
+        position += n - cursor
+    positions = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
+    return Block(ids, positions, position, tuple(pieces), tuple(order), spans[0], spans[1], anchors)
