@@ -1,12 +1,13 @@
-"""The image stores: a byte-bounded memory tier over an optional persistent disk tier, keyed by model and digest.
+"""The stores: a byte-bounded memory tier over optional lower tiers (disk directories, Redis), keyed by model and
+digest.
 
 ``KVStore`` (alias ``ImageKVStore``) keeps language-model KV (``KVSegment``: images, precompiled text), ``EncoderStore`` the vision-tower
 outputs (``list[ImageFeatures]``); both are one generic ``TieredStore`` with a different ``StoreCodec``. A
-lookup tries the memory tier (live objects on the model's device), then the disk tier (records in the
-``mmkv.cache.codec`` format, decoded on the handle's device and promoted to memory). Every key is
+lookup tries the memory tier (live objects on the model's device), then each lower tier in order (records in
+the ``mmkv.cache.codec`` format, decoded on the handle's device and promoted to memory). Every key is
 ``"{model fingerprint}/{kind}/{digest}"``, so one model never even looks at another's entries, and each decoded
 record's own fingerprint and digest are checked again. A record that fails any check is counted as corrupt,
-deleted, and reported as absent: the caller recomputes. Several processes may share one directory.
+deleted, and reported as absent: the caller recomputes. Several processes may share one directory or one Redis.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..model.handle import ModelHandle
 from .codec import decode_features, decode_segment, encode_features, encode_segment
 from .disk import DiskTier
 from .memory import MemoryTier
+from .redis import RedisTier
 
 __all__ = [
     "EncoderStore",
@@ -35,7 +37,7 @@ __all__ = [
 ]
 
 V = TypeVar("V")
-StoreTier = Literal["memory", "disk"]  # the tier that answered a lookup
+StoreTier = Literal["memory", "disk", "redis"]  # the tier that answered a lookup
 
 
 @dataclass(frozen=True)
@@ -54,10 +56,12 @@ class TierStats:
 
 @dataclass(frozen=True)
 class StoreStats:
-    """A snapshot of both tiers of a store."""
+    """A snapshot of a store's tiers."""
 
     memory: TierStats  # the in-process LRU tier
-    disk: TierStats | None  # the persistent tier; None when the store has no path
+    disk: TierStats | None  # the (first) disk tier; None when the store has none
+    redis: TierStats | None = None  # the (first) Redis tier; None when the store has none
+    tiers: dict | None = None  # every tier's stats by name ("memory", "disk", "redis"), in lookup order
 
 
 @dataclass(frozen=True)
@@ -82,93 +86,107 @@ class TieredStore(Generic[V]):
     codec: ClassVar[StoreCodec]
 
     def __init__(
-        self, path: str | Path | None = None, max_bytes: int = 2 << 30, disk_max_bytes: int | None = None
+        self,
+        path: str | Path | Sequence[str | Path] | None = None,
+        max_bytes: int = 2 << 30,
+        disk_max_bytes: int | None = None,
+        *,
+        redis_ttl_s: float | None = None,
+        redis_timeout_s: float = 0.5,
     ):
-        """A store holding up to ``max_bytes`` of values in memory and, if ``path`` is given, up to about
-        ``disk_max_bytes`` of records in the diskcache directory ``path`` (created if missing; default bound:
-        the smaller of 16 GiB and 90% of the disk's free space). Raises ``StoreUnavailableError`` when the
-        directory cannot be opened; once open, storage faults never raise (they are counted)."""
-        self.path = None if path is None else Path(path).expanduser()  # the disk tier's directory, if any
+        """A store holding up to ``max_bytes`` of values in memory over the tiers ``path`` names, in order: a
+        directory is a disk tier (up to about ``disk_max_bytes``; default the smaller of 16 GiB and 90% of the
+        disk's free space), a ``redis://`` / ``rediss://`` URL a Redis tier (entries expire after
+        ``redis_ttl_s`` when set; every Redis call bounded by ``redis_timeout_s``). Raises
+        ``StoreUnavailableError`` when a directory cannot be opened; once open, storage faults never raise
+        (they are counted), and an unreachable Redis is a counted miss."""
+        entries = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
         self._memory: MemoryTier[V] = MemoryTier(max_bytes)
-        self._disk = None if path is None else DiskTier(self.path, disk_max_bytes)
+        self._tiers: list[tuple[str, DiskTier | RedisTier]] = []  # below memory, in lookup order
+        for entry in entries:
+            if isinstance(entry, str) and entry.startswith(("redis://", "rediss://", "unix://")):
+                self._tiers.append(("redis", RedisTier(entry, ttl_s=redis_ttl_s, timeout_s=redis_timeout_s)))
+            else:
+                self._tiers.append(("disk", DiskTier(Path(entry).expanduser(), disk_max_bytes)))
+        disks = [t for name, t in self._tiers if name == "disk"]
+        self.path = disks[0].path if disks else None  # the (first) disk tier's directory, if any
+
+    @property
+    def _disk(self) -> DiskTier | None:
+        return next((t for name, t in self._tiers if name == "disk"), None)
 
     def _key(self, digest: str, handle: ModelHandle) -> str:
-        """The memory and disk key of ``digest`` under ``handle``'s model."""
+        """The key of ``digest`` under ``handle``'s model, in every tier."""
         return f"{handle.fingerprint}/{self.codec.kind}/{digest}"
 
     def get(self, digest: str, handle: ModelHandle) -> V | None:
         """The value stored for ``digest`` under ``handle``'s model, or ``None`` (the caller computes it).
 
-        Memory first; else the disk record, decoded with the tensors on ``handle.device`` and promoted to memory.
-        A disk record that fails decoding is counted as corrupt, deleted, and ``None`` is returned. Updates the
-        hit, miss and LRU bookkeeping of the tiers it reads.
+        Memory first; else each lower tier in order, its record decoded with the tensors on ``handle.device``
+        and promoted to memory. A record that fails decoding is counted as corrupt, deleted from that tier, and
+        the next tier is asked. Updates the hit, miss and LRU bookkeeping of the tiers it reads.
         """
         return self.lookup(digest, handle)[0]
 
     def lookup(self, digest: str, handle: ModelHandle) -> tuple[V | None, StoreTier | None]:
-        """``get``, also saying which tier answered: ``(value, "memory" | "disk")``, or ``(None, None)``."""
+        """``get``, also saying which tier answered: ``(value, "memory" | "disk" | "redis")``, or
+        ``(None, None)``."""
         key = self._key(digest, handle)
         value = self._memory.get(key)
         if value is not None:
             return self.codec.view(value), "memory"
-        if self._disk is None:
-            return None, None
         fingerprint = str(handle.fingerprint)
-        value = self._disk.get(key, lambda data: self.codec.decode(data, fingerprint, digest, handle))
-        if value is None:
-            return None, None
-        self._memory.put(key, value, self.codec.nbytes(value))
-        return self.codec.view(value), "disk"
+        for name, tier in self._tiers:
+            value = tier.get(key, lambda data: self.codec.decode(data, fingerprint, digest, handle))
+            if value is not None:
+                self._memory.put(key, value, self.codec.nbytes(value))
+                return self.codec.view(value), name
+        return None, None
 
     def put(self, digest: str, value: V, handle: ModelHandle) -> None:
-        """Store ``value`` for ``digest`` under ``handle``'s model, in memory (held as given, not copied) and on
-        disk. Raises ``ValueError`` if ``value`` does not fit ``digest``. Never raises on a failed disk write
-        (counted in ``write_errors``); a value over a tier's bound is not stored in that tier. The disk record is
-        always (re)written, which also repairs a record whose value file went missing.
+        """Store ``value`` for ``digest`` under ``handle``'s model, in memory (held as given, not copied) and in
+        every lower tier. Raises ``ValueError`` if ``value`` does not fit ``digest``. Never raises on a failed
+        tier write (counted in ``write_errors``); a value over a tier's bound is not stored in that tier. Records
+        are always (re)written, which also repairs one whose value file or chunks went missing.
         """
         value = self.codec.check(value, digest)
         key = self._key(digest, handle)
         self._memory.put(key, value, self.codec.nbytes(value))
-        if self._disk is not None:
-            self._disk.put(key, self.codec.encode(value, str(handle.fingerprint), digest))
+        if self._tiers:
+            record = self.codec.encode(value, str(handle.fingerprint), digest)
+            for _, tier in self._tiers:
+                tier.put(key, record)
 
     def contains(self, digest: str, handle: ModelHandle) -> bool:
-        """Whether either tier holds ``digest`` under ``handle``'s model (a disk record is not decoded, so it
-        may still turn out corrupt). Changes no counter and no LRU order."""
+        """Whether a tier holds ``digest`` under ``handle``'s model (records are not decoded, so one may still
+        turn out corrupt). Changes no counter and no LRU order."""
         key = self._key(digest, handle)
-        return key in self._memory or (self._disk is not None and key in self._disk)
+        return key in self._memory or any(key in tier for _, tier in self._tiers)
 
     def stats(self) -> StoreStats:
-        """A snapshot of both tiers' counters and occupancy."""
+        """A snapshot of every tier's counters and occupancy."""
         mem = self._memory
         memory = TierStats(
             mem.hits, mem.misses, mem.evictions, mem.bytes, len(mem), corrupt=0, write_errors=0
         )
-        if self._disk is None:
-            return StoreStats(memory=memory, disk=None)
-        d = self._disk
-        disk = TierStats(
-            d.hits,
-            d.misses,
-            0,
-            d.volume(),
-            len(d),
-            corrupt=d.corrupt,
-            write_errors=d.write_errors,
-            read_errors=d.read_errors,
-        )
-        return StoreStats(memory=memory, disk=disk)
+        tiers = {"memory": memory}
+        for name, t in self._tiers:
+            stats = TierStats(t.hits, t.misses, 0, t.volume(), len(t), corrupt=t.corrupt,
+                              write_errors=t.write_errors, read_errors=t.read_errors)  # fmt: skip
+            tiers.setdefault(name, stats)
+        return StoreStats(memory=memory, disk=tiers.get("disk"), redis=tiers.get("redis"), tiers=tiers)
 
     def clear(self) -> None:
-        """Empty both tiers (the disk directory for every store sharing it, all models). Counters are kept."""
+        """Empty every tier (a disk directory or Redis database for every store sharing it, all models).
+        Counters are kept."""
         self._memory.clear()
-        if self._disk is not None:
-            self._disk.clear()
+        for _, tier in self._tiers:
+            tier.clear()
 
     def close(self) -> None:
-        """Close the disk tier's SQLite connection (it reopens on next use). The memory tier is kept."""
-        if self._disk is not None:
-            self._disk.close()
+        """Close the lower tiers' connections (they reopen on next use). The memory tier is kept."""
+        for _, tier in self._tiers:
+            tier.close()
 
 
 def _check_segment(segment: KVSegment, digest: str) -> KVSegment:

@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 ReusePolicy = Literal["kv", "encoder", "none"]
-SourceKind = Literal["live", "memory", "disk", "computed"]
+SourceKind = Literal["live", "memory", "disk", "redis", "computed"]
 
 
 @dataclass(frozen=True)

@@ -115,8 +115,7 @@ class Engine:
 
 
 def _stores(tiers: tuple[str, ...]) -> tuple[KVStore, EncoderStore]:
-    """The KV and encoder stores over the configured tiers (memory only when none)."""
-    directory = next((Path(t).expanduser() for t in tiers if "://" not in t), None)
-    if directory is None:
-        return KVStore(), EncoderStore()
-    return KVStore(path=directory), EncoderStore(path=directory / "encoder")
+    """The KV and encoder stores over the configured tiers, in order (memory only when none): a directory
+    holds image KV, and vision outputs in its ``encoder`` subdirectory; a Redis URL holds both (keys differ)."""
+    encoder_tiers = [t if "://" in t else str(Path(t).expanduser() / "encoder") for t in tiers]
+    return KVStore(path=list(tiers)), EncoderStore(path=encoder_tiers)

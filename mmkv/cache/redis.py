@@ -1,0 +1,257 @@
+"""``RedisTier``: a store tier on Redis, shared by every server process that points at it.
+
+A record (the same checksummed safetensors bytes the disk tier keeps) is split into chunks of at most
+``chunk_bytes`` (16 MB: one big value would block Redis's single command thread) plus one **manifest written
+last**: a JSON object with the format version, the record's key, length and chunk count, each chunk's length
+and SHA-256, and a write id that names the chunks (two writers of one key never mix chunks). Keys::
+
+    mmkv:{fingerprint}:{kind}:{digest}:manifest
+    mmkv:{fingerprint}:{kind}:{digest}:{write id}:{i}
+
+A read fetches the manifest, then every chunk in one round trip (a pipeline), and checks everything; a missing,
+short or mismatched chunk, a manifest for another key, or an unparseable one is a **miss**: the entry is
+removed (UNLINK), counted as corrupt, and the caller recomputes. So a record half evicted under ``maxmemory``
+with ``allkeys-lru`` is a miss, never wrong KV. Entries expire after ``ttl_s`` when set.
+
+Faults never fail a turn and never block for more than the socket timeout: Redis absent at start, killed, or
+restarted is a counted error and a miss (or a skipped write); after an error the tier is skipped for
+``retry_s`` and then tried again, so it reconnects by itself when Redis is back. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import TypeVar
+
+import redis
+
+from .codec import CorruptEntryError
+
+__all__ = ["CHUNK_BYTES", "MANIFEST_VERSION", "RedisTier"]
+
+logger = logging.getLogger("mmkv.cache")
+
+T = TypeVar("T")
+CHUNK_BYTES = 16 << 20
+MANIFEST_VERSION = 1
+_FAULTS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ResponseError,
+           OSError)  # fmt: skip
+
+
+class RedisTier:
+    """A map ``key -> bytes`` in Redis (see the module docstring). Counters are this object's own."""
+
+    def __init__(
+        self,
+        url: str,
+        ttl_s: float | None = None,
+        timeout_s: float = 0.5,
+        chunk_bytes: int = CHUNK_BYTES,
+        retry_s: float = 1.0,
+    ) -> None:
+        """``url``: ``redis://[:password@]host:port/db`` or ``rediss://`` (TLS), as redis-py reads it.
+        ``timeout_s`` bounds every connect and command (default 0.5 s). Never raises on an unreachable server
+        (it counts the error and serves misses until it is back); ``ValueError`` for a malformed URL."""
+        if not 0 < timeout_s <= 30 or chunk_bytes < 1 or (ttl_s is not None and ttl_s <= 0):
+            raise ValueError("RedisTier needs 0 < timeout_s <= 30, chunk_bytes >= 1 and ttl_s > 0 or None")
+        self.url = url
+        self.ttl_s, self.timeout_s, self.chunk_bytes, self.retry_s = ttl_s, timeout_s, chunk_bytes, retry_s
+        self._client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False,
+            health_check_interval=0,
+        )  # fmt: skip
+        self._down_until = 0.0  # skip Redis until then, after an error
+        self.hits = self.misses = self.corrupt = self.read_errors = self.write_errors = 0
+
+    # ----------------------------------------------------------------------------------------------- keys
+    @staticmethod
+    def _base(key: str) -> str:
+        """``"{fingerprint}/{kind}/{digest}"`` (a store key) -> ``"mmkv:{fingerprint}:{kind}:{digest}"``."""
+        return "mmkv:" + key.replace("/", ":")
+
+    @property
+    def available(self) -> bool:
+        """Whether the tier is tried now (False for ``retry_s`` after a fault)."""
+        return time.monotonic() >= self._down_until
+
+    def _fault(self, what: str, exc: BaseException) -> None:
+        self._down_until = time.monotonic() + self.retry_s
+        logger.warning("mmkv cache: redis %s at %s failed (%s); local tiers only for %.1f s", what,
+                       self._client.connection_pool.connection_kwargs.get("host"), exc, self.retry_s)  # fmt: skip
+
+    # ---------------------------------------------------------------------------------------- reading
+    def get(self, key: str, decode: Callable[[bytes], T] | None = None) -> T | bytes | None:
+        """The bytes under ``key`` (or ``decode(bytes)``), or ``None``; see the module docstring. Never raises a
+        Redis fault; other exceptions of ``decode`` propagate."""
+        if not self.available:
+            self.read_errors += 1
+            return None
+        base = self._base(key)
+        try:
+            raw = self._client.get(base + ":manifest")
+            if raw is None:
+                self.misses += 1
+                return None
+            manifest = self._manifest(raw, key)
+            names = [f"{base}:{manifest['write']}:{i}" for i in range(len(manifest["chunks"]))]
+            pipe = self._client.pipeline(transaction=False)
+            for name in names:
+                pipe.get(name)
+            chunks = pipe.execute()
+            data = self._join(chunks, manifest)
+            value = data if decode is None else decode(data)
+        except CorruptEntryError as exc:
+            self.corrupt += 1
+            logger.warning("mmkv cache: dropping corrupt redis entry %s: %s", key, exc)
+            self.delete(key)
+            return None
+        except _FAULTS as exc:
+            self.read_errors += 1
+            self._fault("read", exc)
+            return None
+        self.hits += 1
+        return value
+
+    @staticmethod
+    def _manifest(raw: bytes, key: str) -> dict:
+        try:
+            manifest = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptEntryError(f"unparseable manifest ({exc})") from None
+        if not isinstance(manifest, dict) or manifest.get("version") != MANIFEST_VERSION:
+            raise CorruptEntryError("manifest of an unknown format")
+        if manifest.get("key") != key:
+            raise CorruptEntryError(f"manifest for another entry ({str(manifest.get('key'))[:60]!r})")
+        chunks = manifest.get("chunks")
+        if not isinstance(chunks, list) or not all(
+            isinstance(c, list) and len(c) == 2 and isinstance(c[0], int) and isinstance(c[1], str)
+            for c in chunks
+        ):
+            raise CorruptEntryError("manifest without a valid chunk list")
+        if not isinstance(manifest.get("length"), int) or not isinstance(manifest.get("write"), str):
+            raise CorruptEntryError("manifest without length or write id")
+        return manifest
+
+    @staticmethod
+    def _join(chunks: list, manifest: dict) -> bytes:
+        parts = []
+        for index, (chunk, (length, sha)) in enumerate(zip(chunks, manifest["chunks"], strict=True)):
+            if chunk is None:
+                raise CorruptEntryError(f"chunk {index} is missing (evicted or deleted)")
+            if len(chunk) != length or hashlib.sha256(chunk).hexdigest() != sha:
+                raise CorruptEntryError(f"chunk {index} does not match its checksum")
+            parts.append(chunk)
+        data = b"".join(parts)
+        if len(data) != manifest["length"]:
+            raise CorruptEntryError("record length differs from its manifest")
+        return data
+
+    def __contains__(self, key: str) -> bool:
+        """Whether a manifest for ``key`` exists (not validated). False when Redis is unreachable."""
+        if not self.available:
+            return False
+        try:
+            return bool(self._client.exists(self._base(key) + ":manifest"))
+        except _FAULTS as exc:
+            self.read_errors += 1
+            self._fault("exists", exc)
+            return False
+
+    # ---------------------------------------------------------------------------------------- writing
+    def put(self, key: str, data: bytes) -> bool:
+        """Store ``data`` under ``key``: chunks first, the manifest last (then the previous write's chunks are
+        unlinked). Never raises a Redis fault (counted in ``write_errors``). Returns whether it was written."""
+        if type(data) is not bytes:
+            raise TypeError(f"RedisTier stores bytes only, got {type(data).__name__}")
+        if not self.available:
+            self.write_errors += 1
+            return False
+        base, write = self._base(key), uuid.uuid4().hex
+        pieces = [data[i : i + self.chunk_bytes] for i in range(0, len(data), self.chunk_bytes)] or [b""]
+        manifest = {
+            "version": MANIFEST_VERSION, "key": key, "length": len(data), "write": write,
+            "chunks": [[len(p), hashlib.sha256(p).hexdigest()] for p in pieces],
+        }  # fmt: skip
+        ttl = None if self.ttl_s is None else max(1, int(self.ttl_s))
+        try:
+            old = self._client.get(base + ":manifest")
+            pipe = self._client.pipeline(transaction=False)
+            for index, piece in enumerate(pieces):
+                pipe.set(f"{base}:{write}:{index}", piece, ex=ttl)
+            pipe.execute()
+            self._client.set(
+                base + ":manifest", json.dumps(manifest), ex=ttl
+            )  # last: the record is now whole
+            if old is not None:
+                self._unlink_chunks(base, old, keep=write)
+        except _FAULTS as exc:
+            self.write_errors += 1
+            self._fault("write", exc)
+            return False
+        return True
+
+    def _unlink_chunks(self, base: str, raw_manifest: bytes, keep: str | None = None) -> None:
+        try:
+            old = json.loads(raw_manifest)
+            write, count = old["write"], len(old["chunks"])
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return
+        if write != keep and isinstance(write, str):
+            self._client.unlink(*[f"{base}:{write}:{i}" for i in range(min(count, 1 << 16))] or [base + ":x"])
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key`` (manifest and chunks; UNLINK). Returns whether a manifest was there."""
+        if not self.available:
+            return False
+        base = self._base(key)
+        try:
+            raw = self._client.get(base + ":manifest")
+            self._client.unlink(base + ":manifest")
+            if raw is not None:
+                self._unlink_chunks(base, raw)
+            return raw is not None
+        except _FAULTS as exc:
+            self._fault("delete", exc)
+            return False
+
+    def clear(self) -> None:
+        """Remove every mmkv key (``mmkv:*``) of this Redis database."""
+        if not self.available:
+            return
+        try:
+            batch = []
+            for name in self._client.scan_iter(match="mmkv:*", count=1000):
+                batch.append(name)
+                if len(batch) >= 1000:
+                    self._client.unlink(*batch)
+                    batch = []
+            if batch:
+                self._client.unlink(*batch)
+        except _FAULTS as exc:
+            self._fault("clear", exc)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def volume(self) -> int:
+        """Bytes Redis reports in use (the whole server's ``used_memory``; 0 when unreachable)."""
+        if not self.available:
+            return 0
+        try:
+            return int(self._client.info("memory").get("used_memory", 0))
+        except _FAULTS:
+            return 0
+
+    def __len__(self) -> int:
+        """Manifests present (a SCAN; 0 when unreachable)."""
+        if not self.available:
+            return 0
+        try:
+            return sum(1 for _ in self._client.scan_iter(match="mmkv:*:manifest", count=1000))
+        except _FAULTS:
+            return 0
