@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 
 import torch
@@ -30,9 +30,10 @@ from .kv.vision import ImageFeatures
 from .model.handle import ModelHandle
 from .prompt.blocks import LayoutBuilder
 from .prompt.layout import PromptLayout
-from .runtime import (
+from .runtime import (  # fmt: skip
     GREEDY,
     Answer,
+    AnswerText,
     ImageReuse,
     LiveCache,
     PrefillStats,
@@ -67,16 +68,9 @@ class Session:
     threads: every public call holds the session's lock (calls take turns)."""
 
     def __init__(
-        self,
-        model: ModelHandle,
-        store: ImageKVStore | None = None,
-        reuse: ReusePolicy = "kv",
-        seam: int = 1,
-        window: int | None = None,
-        *,
-        encoder_store: EncoderStore | None = None,
-        config: SessionConfig | None = None,
-    ) -> None:
+        self, model: ModelHandle, store: ImageKVStore | None = None, reuse: ReusePolicy = "kv", seam: int = 1,
+        window: int | None = None, *, encoder_store: EncoderStore | None = None, config: SessionConfig | None = None,
+    ) -> None:  # fmt: skip
         """``store``/``encoder_store`` default to private in-memory stores; pass shared ones (optionally with a
         directory) to reuse images across sessions and processes. ``config`` overrides the keyword settings."""
         self.model = model
@@ -88,6 +82,7 @@ class Session:
         self.layouts = LayoutBuilder(model)  # each message rendered once, the previous turn's prefix reused
         self._pixels = MemoryTier(256 << 20)  # preprocessed images, made at add_image (bounded: 256 MB)
         self.last_prefill = PrefillStats()  # what the latest ask / next_token_logits / prefill took
+        self.last_answer: Answer | None = None  # the latest ask's or stream's answer
         self.history_start = 0  # turns before this message are dropped from prompts (max_prompt_tokens)
 
     # ----------------------------------------------------------------------------------------- conversation
@@ -132,11 +127,12 @@ class Session:
         self.conversation.add_text(segment.template, role, dict(segment.fields), segment=segment, seam=seam)
 
     @_exclusive
-    def add_image(self, image: ImageSource) -> ImageDigest:
-        """Append an image (PIL image, path or bytes) to the current user message; returns its digest. Raises an
-        ``mmkv.ImageError`` / ``UnsupportedInputError`` for bad input, leaving the session unchanged."""
+    def add_image(self, image: ImageSource, role: str = "user") -> ImageDigest:
+        """Append an image (PIL image, path or bytes) to the current ``role`` message (user by default; a system
+        message may hold images too); returns its digest. Raises an ``mmkv.ImageError`` /
+        ``UnsupportedInputError`` for bad input, leaving the session unchanged."""
         record = prepare_image(self.model, image, self.config, self.encoder_store, self._pixels)
-        self.conversation.add_image(record)
+        self.conversation.add_image(record, role)
         return record.digest
 
     @_exclusive
@@ -161,20 +157,43 @@ class Session:
         """Ask ``question`` as the user, decode the answer, append both to the conversation. On an error the
         conversation is left as it was (the live cache is dropped and rebuilt next turn). Arguments are checked
         first (``TypeError`` / ``ValueError`` naming the argument)."""
+        for _ in self.stream(question, max_new_tokens, sampling):
+            pass
+        return self.last_answer
+
+    def stream(self, question: str, max_new_tokens: int = 32, sampling: Sampling = GREEDY) -> Iterator[str]:
+        """``ask``, yielding the answer's text piece by piece as it is decoded (joined: ``Answer.text``); the
+        ``Answer`` is ``last_answer`` once the iterator is exhausted. Holds the session's lock until then; an
+        iterator closed early leaves the conversation as it was. Arguments are checked at the call."""
         check_question(question), check_int(max_new_tokens, "max_new_tokens", 1), check_sampling(sampling)
-        started = time.perf_counter()
-        with self.live.dropped_on_error(), torch.inference_mode():
-            logits, stats = self._bring_up_to_date(question)  # steps 1-5
-            ttft = time.perf_counter() - started
-            budget = min(max_new_tokens, self.model.max_positions - self.live.next_position + 1)
-            generated = list(generate(self.model, self.live, logits, budget, sampling))  # 6. decode
-        text = self.model.tokenizer.decode(generated, skip_special_tokens=True).strip()
-        self.conversation.add_text(question, "user")
-        self.conversation.add_text(text, "assistant")
-        return Answer(
-            text, tuple(generated), ttft, time.perf_counter() - started, stats.prompt_tokens,
-            stats.prefilled, stats.reused, tuple(stats.images),
-        )  # fmt: skip
+        return self._turn(question, max_new_tokens, sampling)
+
+    def _turn(self, question: str, max_new_tokens: int, sampling: Sampling) -> Iterator[str]:
+        with self._lock:
+            started, pieces, tokens = time.perf_counter(), [], []
+            text = AnswerText(self.model.tokenizer, emit=pieces.append)
+            with self.live.dropped_on_error(), torch.inference_mode():
+                logits, stats = self._bring_up_to_date(question)  # steps 1-5
+                ttft = time.perf_counter() - started
+                budget = min(max_new_tokens, self.model.max_positions - self.live.next_position + 1)
+                tokens_out = generate(self.model, self.live, logits, budget, sampling)  # 6. decode
+            while True:
+                with self.live.dropped_on_error(), torch.inference_mode():
+                    token = next(tokens_out, None)
+                if token is None:
+                    break
+                tokens.append(token)
+                text.add(tokens)
+                yield from pieces
+                pieces.clear()
+            answer = text.finish()
+            yield from pieces
+            self.conversation.add_text(question, "user")
+            self.conversation.add_text(answer, "assistant")
+            self.last_answer = Answer(
+                answer, tuple(tokens), ttft, time.perf_counter() - started, stats.prompt_tokens,
+                stats.prefilled, stats.reused, tuple(stats.images),
+            )  # fmt: skip
 
     @_exclusive
     def next_token_logits(self, question: str) -> torch.Tensor:
@@ -191,13 +210,8 @@ class Session:
         the cache is current."""
         with self.live.dropped_on_error(), torch.inference_mode():
             layout = self.prompt_layout(None, add_generation_prompt=False)
-            n = layout.num_tokens
-            if n == 0:
-                return PrefillStats()
-            live = self.live
-            if live.num_tokens == n and torch.equal(live.token_ids, layout.token_ids):
-                if torch.equal(live.positions, layout.positions):
-                    return PrefillStats(prompt_tokens=n, reused=n)
+            if layout.num_tokens == 0 or self.live.holds(layout):
+                return PrefillStats(prompt_tokens=layout.num_tokens, reused=layout.num_tokens)
             return self._bring_up_to_date(None, add_generation_prompt=False, reuse=reuse)[1]
 
     @_exclusive

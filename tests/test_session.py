@@ -86,7 +86,9 @@ def test_none_and_encoder_equal_the_models_own_forward_over_turns(tiny):
             session.add_text("ok", role="assistant")
     answer = sessions["encoder"].ask("Last question?", max_new_tokens=3)
     assert {r.source for r in answer.images} <= {"live", "computed"} and len(answer.images) == 4
-    assert {r.encoder for r in answer.images if r.source == "computed"} <= {"memory"}  # KV recomputed from cache
+    assert {r.encoder for r in answer.images if r.source == "computed"} <= {
+        "memory"
+    }  # KV recomputed from cache
     assert sessions["encoder"].encoder_store.stats().memory.hits >= 1
 
 
@@ -317,3 +319,35 @@ def test_an_image_replaced_by_another_of_the_same_size_is_never_kept_as_live(tin
         assert [r.source for r in session.last_prefill.images] == ["computed"]
         if reuse == "encoder":
             assert _max_abs(logits, session.fork(reuse="none").next_token_logits("What is it?")) <= 1e-4
+
+
+def test_stream_yields_the_text_ask_gives_and_an_early_close_changes_nothing(tiny):
+    """stream's pieces join to the same answer ask gives on a copy of the conversation, last_answer holds it,
+    and an iterator closed after its first piece leaves the conversation as it was."""
+    image = random_image(80, (4, 6), tiny.processor.patch_size)
+    session = mmkv.Session(tiny)
+    session.add_image(image)
+    expected = session.fork().ask("Describe it.", max_new_tokens=8)
+    pieces = list(session.stream("Describe it.", max_new_tokens=8))
+    assert "".join(pieces) == expected.text == session.last_answer.text
+    assert session.last_answer.token_ids == expected.token_ids
+    assert session.messages[-1] == {"role": "assistant", "content": [{"type": "text", "text": expected.text,
+                                                                       "item_id": 1}]}  # fmt: skip
+    before = session.messages
+    stream = session.stream("And now?", max_new_tokens=8)
+    next(stream, None)
+    stream.close()
+    assert session.messages == before
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        session.stream("q", max_new_tokens=0)  # checked at the call, not at the first piece
+
+
+def test_images_in_the_system_message_equal_the_models_own_forward(tiny):
+    """add_image(role="system"): the image renders inside the system message, logits as the model's own."""
+    image = random_image(81, (4, 6), tiny.processor.patch_size)
+    session = mmkv.Session(tiny, reuse="none")
+    session.add_text("Reference screen:", role="system")
+    session.add_image(image, role="system")
+    assert [m["role"] for m in session.messages] == ["system"]
+    logits = session.next_token_logits("Is this the reference?")
+    assert _max_abs(logits, _full_forward_logits(tiny, session, "Is this the reference?")) <= 1e-4

@@ -6,7 +6,7 @@ A turn flows: ``lay_out`` (``mmkv.prompt``) -> ``LiveCache.matching_prefix`` -> 
 writes, after the first token) -> ``generate`` (decode).
 """
 
-from .decode import GREEDY, Sampling, generate, vision_token_ids
+from .decode import GREEDY, AnswerText, Sampling, generate, vision_token_ids
 from .execute import attention_mask, execute, replace_span, resolve_features
 from .live import LiveCache, LivePiece
 from .plan import (
@@ -28,6 +28,7 @@ from .turn import check_positions, run_turn
 
 __all__ = [
     "GREEDY",
+    "AnswerText",
     "Answer",
     "PrefillStats",
     "FeatureSlice",

@@ -22,7 +22,7 @@ from ..kv.prefill import prefill_span
 from ..model.handle import ModelHandle
 from .live import LiveCache
 
-__all__ = ["GREEDY", "Sampling", "end_of_turn_id", "generate", "vision_token_ids"]
+__all__ = ["GREEDY", "AnswerText", "Sampling", "end_of_turn_id", "generate", "vision_token_ids"]
 
 
 @dataclass(frozen=True)
@@ -106,3 +106,40 @@ def generate(
         logits = prefill_span(handle, ids, pos, context=live.cache, keep_segment=False).logits
         live.append_tokens(ids, pos)
         position += 1
+
+
+class AnswerText:
+    """The answer's text as tokens arrive: the same text ``Session.ask`` gives (decoded, special tokens removed,
+    stripped, cut at the first stop string), streamed as deltas that never need taking back."""
+
+    def __init__(self, tokenizer, stops: list[str] = (), emit=None) -> None:
+        """``emit(delta)`` receives each new piece of text (None: nothing is emitted)."""
+        self.tokenizer, self.stops, self.emit = tokenizer, list(stops), emit or (lambda delta: None)
+        self.hold = max((len(s) for s in stops), default=1) - 1  # chars that may still become a stop string
+        self.sent = 0
+        self.text = ""
+
+    def add(self, tokens: list[int]) -> bool:
+        """Take the tokens so far; emit what is certain; True when a stop string appeared."""
+        decoded = self.tokenizer.decode(tokens, skip_special_tokens=True).lstrip()
+        for stop in self.stops:
+            at = decoded.find(stop)
+            if at >= 0:
+                self.text = decoded[:at]
+                return True
+        self.text = decoded
+        if decoded.endswith("\ufffd"):  # half a multi-byte character: wait for the rest
+            return False
+        certain = len(decoded.rstrip()) - self.hold
+        if certain > self.sent:
+            self.emit(decoded[self.sent : certain])
+            self.sent = certain
+        return False
+
+    def finish(self) -> str:
+        """The final text (emitting what is left of it)."""
+        final = self.text.strip()
+        if len(final) > self.sent:
+            self.emit(final[self.sent :])
+        self.sent = len(final)
+        return final

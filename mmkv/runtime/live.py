@@ -97,6 +97,16 @@ class LiveCache:
                     return piece.begin
         return keep
 
+    def holds(self, layout: PromptLayout) -> bool:
+        """Whether the cache holds exactly ``layout``'s prompt (ids, positions and images). Reads only."""
+        return (
+            self.num_tokens == layout.num_tokens
+            and torch.equal(self.token_ids, layout.token_ids)
+            and torch.equal(self.positions, layout.positions)
+            and self.image_digests
+            == {p.begin: layout.digest_of(p) for p in layout.pieces if p.kind == "image"}
+        )
+
     def truncate(self, keep: int, collect_text: bool = False) -> list[KVSegment]:
         """Crop to the first ``keep`` entries. With ``collect_text``, the text pieces cut off whole come back as
         segments (copies, read before cropping; for ``kv`` reuse of text that moved)."""

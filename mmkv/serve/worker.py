@@ -29,7 +29,7 @@ from ..errors import MmkvError
 from ..model.handle import ModelHandle
 from ..prompt.blocks import LayoutBuilder
 from ..runtime import Sampling, TurnPolicy, TurnSources, generate, run_turn
-from ..runtime.decode import end_of_turn_id
+from ..runtime.decode import AnswerText, end_of_turn_id
 from ..runtime.report import PrefillStats
 from .metrics import Metrics
 from .pool import LivePool
@@ -170,7 +170,11 @@ class Worker:
             logits, stats = run_turn(handle, live, layout, conversation.images, sources, job.policy, started)
             ttft = time.perf_counter() - started
             job.emit("first", stats, ttft)
-            text, tokens, finish = _Text(handle, job.stops, job.emit), [], "length"
+            text, tokens, finish = (
+                AnswerText(handle.tokenizer, job.stops, lambda d: job.emit("text", d)),
+                [],
+                "length",
+            )
             budget = max(1, min(job.max_tokens, handle.max_positions - live.next_position + 1))
             eos = end_of_turn_id(handle)
             for token in generate(handle, live, logits, budget, job.sampling):
@@ -188,39 +192,3 @@ class Worker:
         self.metrics.pool_entries.set(self.pool.num_entries)
         self.metrics.pool_bytes.set(self.pool.num_bytes)
         job.emit("done", Completion(text.finish(), tuple(tokens), finish, stats, ttft, queue_s))
-
-
-class _Text:
-    """The answer's text as tokens arrive: the same text ``Session.ask`` gives (decoded, special tokens removed,
-    stripped, cut at the first stop string), streamed as deltas that never need taking back."""
-
-    def __init__(self, handle: ModelHandle, stops: list[str], emit) -> None:
-        self.tokenizer, self.stops, self.emit = handle.tokenizer, stops, emit
-        self.hold = max((len(s) for s in stops), default=1) - 1  # chars that may still become a stop string
-        self.sent = 0
-        self.text = ""
-
-    def add(self, tokens: list[int]) -> bool:
-        """Take the tokens so far; emit what is certain; True when a stop string appeared."""
-        decoded = self.tokenizer.decode(tokens, skip_special_tokens=True).lstrip()
-        for stop in self.stops:
-            at = decoded.find(stop)
-            if at >= 0:
-                self.text = decoded[:at]
-                return True
-        self.text = decoded
-        if decoded.endswith("\ufffd"):  # half a multi-byte character: wait for the rest
-            return False
-        certain = len(decoded.rstrip()) - self.hold
-        if certain > self.sent:
-            self.emit("text", decoded[self.sent : certain])
-            self.sent = certain
-        return False
-
-    def finish(self) -> str:
-        """The final text (emitting what is left of it)."""
-        final = self.text.strip()
-        if len(final) > self.sent:
-            self.emit("text", final[self.sent :])
-        self.sent = len(final)
-        return final
