@@ -5,6 +5,7 @@ request, the same turn's TTFT without reuse (a cold full recompute), next to the
 Works offline on the CPU. Run::
 
     python app/demo.py                              # small-qwen3-vl if shipped, else tiny-qwen3-vl
+    mmkv demo                                       # the same, from the mmkv command
     python app/demo.py --model tiny-qwen2.5-vl --port 7861 --max-new-tokens 8
     python app/demo.py --store /tmp/mmkv-store      # persistent stores: a restarted demo hits on "disk"
     python app/demo.py --write-examples             # (re)make the example screenshots in app/examples/
@@ -46,19 +47,10 @@ from app.engine import (  # noqa: E402
     format_turn_log,
     ttft_figure,
 )
+from app.trajectory import EXAMPLES_DIR, POLICY, QUESTIONS, TRAJECTORY, write_example_images  # noqa: E402
 from mmkv import MmkvError  # noqa: E402
-from mmkv.synthetic import synthetic_screenshot  # noqa: E402
 
 MAX_NEW_TOKENS = 32  # answer length bound (--max-new-tokens)
-EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
-EXAMPLE_SIZE = (320, 224)  # (width, height) of the example screenshots
-# The example trajectory: (label, screenshot seed, question). Step 4 revisits screen 1: a cache hit.
-EXAMPLE_STEPS = [
-    ("1 · screen 1", 1, "Step 1: the app just opened. What is on the screen?"),
-    ("2 · screen 2", 2, "Step 2: I clicked the first button. What changed?"),
-    ("3 · screen 3", 3, "Step 3: a dialog appeared. Which button closes it?"),
-    ("4 · screen 1 again", 1, "Step 4: back on the first screen. What is the next action?"),
-]
 
 # Browsers fire no "change" when the file picker selects the file the input already holds, so re-sending the same
 # screenshot (the point of this demo) would silently attach nothing: empty the input after each pick.
@@ -75,20 +67,6 @@ INTRO = """# mmkv: never pay twice for the same picture
 Attach (or paste) screenshots and ask about them. Each turn reports where every image's KV came from: **kept**
 in the live prefix, a **cache hit** in the shared store (memory or disk tier), or **computed**; and its time to
 first token with reuse against a cold full recompute. Re-send a screenshot you sent before to see a hit."""
-
-
-def example_path(seed: int) -> Path:
-    """The committed example screenshot made from ``seed``."""
-    return EXAMPLES_DIR / f"screen_{seed}.png"
-
-
-def write_example_screens() -> list[Path]:
-    """(Re)write the example screenshots (``synthetic_screenshot``) under ``app/examples/``; returns their paths."""
-    EXAMPLES_DIR.mkdir(parents=True, exist_ok=True)
-    paths = sorted({example_path(seed) for _, seed, _ in EXAMPLE_STEPS})
-    for path in paths:
-        synthetic_screenshot(int(path.stem.split("_")[1]), EXAMPLE_SIZE).save(path, optimize=True)
-    return paths
 
 
 # ---------------------------------------------------------------------------------------------- handlers
@@ -112,7 +90,7 @@ def check_message(message: dict | None, chat: ChatState) -> None:
         chat.check(*_text_and_files(message))
 
 
-def respond(
+def respond_stream(
     message: dict | None,
     history: list[dict],
     chat: ChatState,
@@ -120,19 +98,35 @@ def respond(
     seam: float,
     window: float,
     compare: bool,
-) -> tuple[None, list[dict], str, str, Figure]:
-    """Send one message (its images, then its text); returns the cleared input, the history and the panels.
-    A bad image or an empty message raises ``gr.Error`` with mmkv's message and changes nothing."""
+    system: str = "",
+    last_turn_only: bool = False,
+) -> Iterator[tuple]:
+    """Send one message (its images, then its text), streaming the answer: yields the cleared input, the
+    history (the answer growing) and the panels. A bad image or an empty message raises ``gr.Error`` with
+    mmkv's message and changes nothing; a new system prompt starts a new conversation (history cleared)."""
     text, files = _text_and_files(message)
-    settings = TurnSettings(reuse, int(seam), int(window), bool(compare), max_new_tokens=MAX_NEW_TOKENS)
-    with user_errors():
-        record = chat.turn(text, files, settings)
+    settings = TurnSettings(reuse, int(seam), int(window), bool(compare), MAX_NEW_TOKENS, system or "",
+                            bool(last_turn_only))  # fmt: skip
+    if chat.session is not None and (system or "") != chat.system:
+        history = []  # the chat restarts with the new system prompt
     new = [{"role": "user", "content": {"path": str(path)}} for path in files]
-    new += [
-        {"role": "user", "content": text},
-        {"role": "assistant", "content": display_text(record.answer.text)},
-    ]
-    return None, [*history, *new], *panels(chat)
+    new += [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
+    answer = ""
+    with user_errors():
+        for piece in chat.stream_turn(text, files, settings):
+            if isinstance(piece, str):
+                answer += piece
+                new[-1] = {"role": "assistant", "content": display_text(answer) if answer else "…"}
+                yield gr.skip(), [*history, *new], gr.skip(), gr.skip(), gr.skip()
+            else:
+                new[-1] = {"role": "assistant", "content": display_text(piece.answer.text)}
+    yield None, [*history, *new], *panels(chat)
+
+
+def respond(message, history, chat, reuse, seam, window, compare, system="", last_turn_only=False) -> tuple:
+    """``respond_stream`` run to the end: the final outputs (what tests and scripts call)."""
+    *_, last = respond_stream(message, history, chat, reuse, seam, window, compare, system, last_turn_only)
+    return last
 
 
 def panels(chat: ChatState) -> tuple[str, str, Figure]:
@@ -163,7 +157,7 @@ def build_demo(engine: Engine | None = None) -> gr.Blocks:
     engine = engine or Engine()
     with gr.Blocks(title="mmkv demo", analytics_enabled=False) as demo:
         chat = gr.State(engine.new_chat)  # called once per browser session
-        gr.Markdown(f"{INTRO}\n\n{engine.describe()}")
+        gr.Markdown(f"{INTRO}\n\n{engine.describe()}", elem_id="model-line")
         with gr.Row():
             with gr.Column(scale=3):
                 chatbot = gr.Chatbot(label="Trajectory", height=440, elem_id="chatbot")
@@ -175,14 +169,22 @@ def build_demo(engine: Engine | None = None) -> gr.Blocks:
                     elem_id="message",
                 )
                 turn_log = gr.Markdown(format_turn_log([]), elem_id="turn-log")
+                system = gr.Textbox(
+                    value=POLICY if engine.is_shipped_small else "", label="System prompt", lines=2,
+                    info="the agent's policy; changing it starts a new conversation", elem_id="system",
+                )  # fmt: skip
                 gr.Examples(
-                    [
-                        {"text": question, "files": [str(example_path(seed))]}
-                        for _, seed, question in EXAMPLE_STEPS
-                    ],
-                    inputs=message,
-                    example_labels=[label for label, _, _ in EXAMPLE_STEPS],
-                    label="Example trajectory: click a step, then press Enter; step 4 revisits screen 1",
+                    [[{"text": s.text, "files": [str(s.path)]}, s.system] for s in TRAJECTORY],
+                    inputs=[message, system],
+                    example_labels=[s.label for s in TRAJECTORY],
+                    label="Example trajectory (expected answers): click a step, then press Enter",
+                    elem_id="trajectory-examples",
+                )
+                gr.Examples(
+                    [[{"text": s.text, "files": [str(s.path)]}, s.system] for s in QUESTIONS],
+                    inputs=[message, system],
+                    example_labels=[s.label for s in QUESTIONS],
+                    label="Picture questions it was trained on (no system prompt)",
                 )
             with gr.Column(scale=2):
                 reuse = gr.Radio(
@@ -210,6 +212,10 @@ def build_demo(engine: Engine | None = None) -> gr.Blocks:
                 compare = gr.Checkbox(
                     value=True, label="Also time each turn without reuse (cold full recompute)"
                 )
+                last_turn_only = gr.Checkbox(
+                    value=engine.is_shipped_small, label="Prompt holds the latest turn only",
+                    info="the shipped small models were trained on single turns; the cache keeps every image",
+                )  # fmt: skip
                 with gr.Row():
                     clear_chat_button = gr.Button("Clear session")
                     clear_store_button = gr.Button("Clear store", variant="stop")
@@ -218,8 +224,8 @@ def build_demo(engine: Engine | None = None) -> gr.Blocks:
         # Check first, with no outputs: a refused message shows only a toast (an event that fails marks each
         # of its outputs "Error" and blanks them).
         message.submit(check_message, [message, chat], None).success(
-            respond,
-            [message, chatbot, chat, reuse, seam, window, compare],
+            respond_stream,
+            [message, chatbot, chat, reuse, seam, window, compare, system, last_turn_only],
             [message, chatbot, turn_log, stats, plot],
         )
         clear_chat_button.click(clear_session, chat, [chatbot, turn_log, stats, plot])
@@ -233,7 +239,12 @@ def build_demo(engine: Engine | None = None) -> gr.Blocks:
 demo = build_demo()
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from mmkv.cli import install_error_hook
+
+    install_error_hook("app/demo.py")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument(
         "--model", default=default_model(), help="a name mmkv.load takes (default: %(default)s)"
     )
@@ -246,13 +257,10 @@ if __name__ == "__main__":
     args = parser.parse_args()
     MAX_NEW_TOKENS = args.max_new_tokens
     if args.write_examples:
-        print("\n".join(str(path) for path in write_example_screens()))
+        print("\n".join(str(path) for path in write_example_images()))
         raise SystemExit(0)
     engine = Engine(args.model, args.store, device=args.device)
-    try:
-        print(f"loading {engine.model_name} ...", flush=True)
-        engine.load()  # now: a missing checkpoint fails before the page is served
-    except MmkvError as exc:
-        raise SystemExit(f"demo: {exc}") from exc
+    print(f"loading {engine.model_name} ...", flush=True)
+    engine.load()  # now: a missing checkpoint fails (one line, exit 2) before the page is served
     demo = build_demo(engine)
     demo.launch(server_name=args.host, server_port=args.port, allowed_paths=[str(EXAMPLES_DIR)])

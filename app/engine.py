@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +76,10 @@ class TurnSettings:
     window: int = 0  # keep the last N images in the prompt; 0 keeps all
     compare: bool = False  # also time the turn as a cold full recompute (reuse "none", empty live cache)
     max_new_tokens: int = 32  # answer length bound
+    system: str = ""  # the system prompt (a change starts a new conversation)
+    last_turn_only: bool = (
+        False  # the prompt holds the system prompt and the latest turn only (the cache keeps all)
+    )
 
     def __post_init__(self) -> None:
         if self.reuse not in POLICIES:
@@ -173,15 +177,31 @@ class Engine:
         line = f"Model **{self.model_name}** · store {store}"
         if self.model_name.startswith("tiny-"):
             line += " · random weights: the answers are noise, the timings and cache hits are real"
+        elif self.is_shipped_small:
+            line += (
+                "  \nIt was trained on this project's task suite only: with the ticket policy as system prompt "
+                "it gives the next tool call for a UI panel (the example trajectory); with no system prompt it "
+                "counts objects and names colours and shapes in simple pictures (the example questions). "
+                "It cannot chat, read text in screenshots or follow other instructions; single-turn prompts, "
+                "so the page keeps only the latest turn in the prompt (the cache still holds every image)."
+            )
         return line
+
+    @property
+    def is_shipped_small(self) -> bool:
+        """Whether the model is one of the shipped small checkpoints (trained on single-turn tasks)."""
+        return self.model_name.startswith("small-")
 
 
 def load_upload(path: str | Path, max_pixels: int) -> Image.Image:
-    """The RGB image in the uploaded file ``path``; raises the ``mmkv`` image error with the file's name in front."""
+    """The RGB image in the uploaded file ``path``; raises the ``mmkv`` image error naming the file by its name
+    (the upload's temporary path is the browser's business, not the user's)."""
+    path = Path(path)
     try:
-        return load_image(Path(path), max_pixels=max_pixels)
+        return load_image(path, max_pixels=max_pixels)
     except MmkvError as exc:
-        raise type(exc)(f"{Path(path).name}: {exc}") from exc
+        message = str(exc).replace(repr(str(path)), "the file").replace(str(path), "the file")
+        raise type(exc)(f"{path.name}: {message}") from exc
 
 
 class ChatState:
@@ -190,6 +210,7 @@ class ChatState:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.session: Session | None = None
+        self.system = ""  # the system prompt the session was made with
         self.turns: list[TurnRecord] = []
 
     def check(self, text: str, files: Sequence[str | Path]) -> tuple[str, list[Image.Image]]:
@@ -212,40 +233,60 @@ class ChatState:
         Every file is validated (``check``) before any is added, so it raises what ``check`` raises; on any
         error the conversation is left as it was and the chat stays usable.
         """
+        *_, record = self.stream_turn(text, files, settings)
+        return record
+
+    def stream_turn(
+        self, text: str, files: Sequence[str | Path], settings: TurnSettings
+    ) -> Iterator[str | TurnRecord]:
+        """``turn``, yielding the answer's text piece by piece, then the ``TurnRecord``. Validates first (raises
+        before yielding anything); an error leaves the conversation as it was."""
         question, images = self.check(text, files)
         with self.engine.lock:
             session = self._session(settings)
             before = session.fork()  # the conversation as it was, put back if anything below fails
             try:
+                if settings.last_turn_only:
+                    session.history_start = len(session.conversation.messages)
                 for image in images:
                     session.add_image(image)
                 cold = _cold_ttft(session, question) if settings.compare else None
-                answer = session.ask(question, max_new_tokens=settings.max_new_tokens)
+                yield from session.stream(question, max_new_tokens=settings.max_new_tokens)
             except BaseException:
                 self.session = before
                 raise
             record = TurnRecord(
-                len(self.turns) + 1, settings.reuse, answer, cold, len(images), len(session.images)
+                len(self.turns) + 1,
+                settings.reuse,
+                session.last_answer,
+                cold,
+                len(images),
+                len(session.images),
             )
         self.turns.append(record)
-        return record
+        yield record
 
     def clear(self) -> None:
         """Forget the conversation, the live cache and the turn records (the shared stores keep their entries)."""
         with self.engine.lock:
             if self.session is not None:
                 self.session.clear()
+            self.session = None  # the next turn starts a new one, with the system prompt it asks for
         self.turns.clear()
 
     def _session(self, settings: TurnSettings) -> Session:
-        """The chat's session under ``settings``: made on first use, forked when a setting changed."""
+        """The chat's session under ``settings``: made on first use (and anew when the system prompt changed:
+        the page's history is cleared then), forked when another setting changed."""
         wanted = {"reuse": settings.reuse, "seam": settings.seam, "window": settings.session_window}
-        if self.session is None:
+        if self.session is None or settings.system != self.system:
             engine = self.engine
             config = SessionConfig(**wanted, max_image_pixels=engine.max_image_pixels)
             self.session = Session(
                 engine.load(), store=engine.kv_store, encoder_store=engine.encoder_store, config=config
             )
+            self.system = settings.system
+            if settings.system.strip():
+                self.session.add_text(settings.system, role="system")
         elif any(getattr(self.session.config, name) != value for name, value in wanted.items()):
             self.session = self.session.fork(**wanted)
         return self.session
@@ -272,22 +313,35 @@ def display_text(text: str) -> str:
 
 def _image_phrase(image: ImageReuse) -> str:
     """Where one image's KV (and, when it was prefilled, its vision outputs) came from."""
-    number = image.index + 1
     if image.source == "live":
-        return f"image {number} kept (live prefix)"
+        return "kept (live prefix)"
     if image.source != "computed":
-        return f"image {number} cache hit ({image.source})"
-    if image.encoder in ("memory", "disk"):
-        return f"image {number} prefilled from cached vision outputs ({image.encoder})"
-    return f"image {number} computed"
+        return f"cache hit ({image.source})"
+    if image.encoder in ("memory", "disk", "redis"):
+        return f"prefilled from cached vision outputs ({image.encoder})"
+    return "computed"
+
+
+def images_summary(images: Sequence[ImageReuse]) -> str:
+    """``"3 images: 2 kept (live prefix), 1 cache hit (memory)"``: how many came from where, in a fixed order."""
+    if not images:
+        return "no images"
+    phrases = [_image_phrase(r) for r in images]
+    counts = {p: phrases.count(p) for p in dict.fromkeys(sorted(phrases, key=_phrase_order))}
+    parts = ", ".join(f"{n} {p}" for p, n in counts.items())
+    return f"{len(images)} image{'s' if len(images) > 1 else ''}: {parts}"
+
+
+def _phrase_order(phrase: str) -> int:
+    return ["kept", "cache", "prefilled", "computed"].index(phrase.split(" ")[0])
 
 
 def format_turn(record: TurnRecord) -> str:
-    """One line: where each image of the prompt came from (images numbered from 1), the TTFT with reuse and,
-    when measured, without; e.g. ``turn 3 [kv]: image 1 kept (live prefix), image 2 cache hit (memory) ·
-    TTFT 12.3 ms (kv) vs 45.6 ms (none, cold) = 3.7x · 162 of 232 prompt tokens reused``."""
+    """One line: where the prompt's images came from (counted), the TTFT with reuse and, when measured, without;
+    e.g. ``turn 3 [kv]: 2 images: 1 kept (live prefix), 1 cache hit (memory) · TTFT 12.3 ms (kv) vs 45.6 ms
+    (none, cold) = 3.7x · 162 of 232 prompt tokens reused``."""
     answer = record.answer
-    images = [_image_phrase(r) for r in answer.images]
+    images = [images_summary(answer.images)]
     hidden = record.num_images - len(answer.images)
     if hidden:
         images.append(f"{hidden} earlier image{'s' if hidden > 1 else ''} outside the window")
@@ -295,7 +349,7 @@ def format_turn(record: TurnRecord) -> str:
     if record.cold_ttft_ms is not None:
         ttft += f" vs {record.cold_ttft_ms:.1f} ms (none, cold) = {record.cold_ttft_ms / record.ttft_ms:.1f}x"
     tokens = f"{answer.reused_tokens} of {answer.prompt_tokens} prompt tokens reused"
-    return f"turn {record.number} [{record.reuse}]: {', '.join(images) or 'no images'} · {ttft} · {tokens}"
+    return f"turn {record.number} [{record.reuse}]: {'; '.join(images)} · {ttft} · {tokens}"
 
 
 def format_turn_log(turns: Sequence[TurnRecord]) -> str:
@@ -372,7 +426,11 @@ def ttft_figure(turns: Sequence[TurnRecord]) -> Figure:
     axes.set_title("Time to first token per turn")
     axes.set_xlabel("turn")
     axes.set_ylabel("TTFT (ms)")
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    last_turn = max((record.number for record in turns), default=1)
+    if last_turn <= 20:
+        axes.set_xticks(range(1, last_turn + 1))  # one tick per turn (a single turn is not 0.5 to 1.5 by 0.1)
+    else:
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlim(0.5, max((record.number for record in turns), default=1) + 0.5)
     axes.set_ylim(bottom=0)
     if axes.lines:

@@ -83,6 +83,9 @@ def summary(results: dict[str, dict[str, list[float]]], keys: list[str]) -> list
 
 
 if __name__ == "__main__":
+    from mmkv.cli import install_error_hook
+
+    install_error_hook("bench/ab.py")
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

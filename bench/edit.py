@@ -113,4 +113,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from mmkv.cli import install_error_hook
+
+    install_error_hook("bench/edit.py")
     main()

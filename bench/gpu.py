@@ -241,6 +241,9 @@ def run(plan: Plan, out: Path) -> dict:
 
 
 if __name__ == "__main__":
+    from mmkv.cli import install_error_hook
+
+    install_error_hook("bench/gpu.py")
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

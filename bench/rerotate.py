@@ -80,6 +80,9 @@ def bench(
 
 
 if __name__ == "__main__":
+    from mmkv.cli import install_error_hook
+
+    install_error_hook("bench/rerotate.py")
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -313,6 +313,9 @@ def _handle(args) -> mmkv.ModelHandle:
 
 
 if __name__ == "__main__":
+    from mmkv.cli import install_error_hook
+
+    install_error_hook("bench/session.py")
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -89,6 +89,9 @@ def run(model: str, turns: int, repeats: int, size: int) -> dict:
 
 
 if __name__ == "__main__":
+    from mmkv.cli import install_error_hook
+
+    install_error_hook("bench/turn_cost.py")
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

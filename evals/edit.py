@@ -39,7 +39,13 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mmkv  # noqa: E402
-from evals.report import bootstrap, default_out, format_interval, save_figure, write_results  # noqa: E402
+from evals.report import (  # noqa: E402
+    bootstrap,
+    default_out,
+    format_interval,
+    save_figure,
+    write_results,
+)
 from evals.tasks import (  # noqa: E402
     AGENTIC_FIELD,
     AGENTIC_POLICY,
@@ -49,6 +55,7 @@ from evals.tasks import (  # noqa: E402
     iter_samples,
     normalise_answer,
 )
+from mmkv.cli import HelpFormatter  # noqa: E402
 
 __all__ = ["ARM_NAMES", "GATES", "aggregate", "edit_samples", "run", "score_sample", "to_markdown"]
 
@@ -260,9 +267,7 @@ def run(
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--model", default="small-qwen3-vl")
     parser.add_argument("--n", type=int, default=200, help="samples per gate")
     parser.add_argument("--seed", type=int, default=0)
@@ -275,6 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
+    from mmkv.cli import install_error_hook
+
+    install_error_hook("evals/edit.py")
     results = run(**vars(build_parser().parse_args()))
     print(to_markdown(results["aggregate"]))
     print(f"\n{results['settings']['num_samples']} samples in {results['settings']['seconds']:.1f} s")

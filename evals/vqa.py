@@ -56,7 +56,14 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mmkv  # noqa: E402
-from evals.report import Estimate, bootstrap, default_out, format_interval, save_figure, write_results  # noqa: E402
+from evals.report import (  # noqa: E402
+    Estimate,
+    bootstrap,
+    default_out,
+    format_interval,
+    save_figure,
+    write_results,
+)
 from evals.tasks import (  # noqa: E402
     CATEGORIES,
     Sample,
@@ -66,6 +73,7 @@ from evals.tasks import (  # noqa: E402
     sample_session,
 )
 from mmkv.cache import EncoderStore, ImageKVStore  # noqa: E402
+from mmkv.cli import HelpFormatter  # noqa: E402
 
 __all__ = [
     "ARM_NAMES",
@@ -476,9 +484,7 @@ def run(
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (parsed only under ``__main__``)."""
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
     parser.add_argument("--model", default="small-qwen3-vl", help="any name mmkv.load understands")
     parser.add_argument("--n", type=int, default=200, help="samples per category")
     parser.add_argument("--seed", type=int, default=0)
@@ -497,6 +503,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
+    from mmkv.cli import install_error_hook
+
+    install_error_hook("evals/vqa.py")
     results = run(**vars(build_parser().parse_args()))
     print(to_markdown(results["aggregate"]))
     print(f"\n{results['settings']['num_samples']} samples in {results['settings']['seconds']:.1f} s")

@@ -12,31 +12,71 @@ message on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import runpy
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import MmkvError
 
-__all__ = ["main"]
+__all__ = ["HelpFormatter", "install_error_hook", "main", "one_line_errors"]
 
 REPO = Path(__file__).resolve().parents[1]  # app/ and evals/ live beside the package in a checkout
 
 
+@contextlib.contextmanager
+def one_line_errors(prog: str) -> Iterator[None]:
+    """For a script's ``__main__``: an ``mmkv.MmkvError`` ends it with ``prog: message`` on stderr and exit 2
+    (no traceback: the message says what to change)."""
+    try:
+        yield
+    except MmkvError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Scripts' ``--help``: the module docstring as written, and every option's default (unless it is None:
+    such an option's help says what leaving it out means)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def install_error_hook(prog: str) -> None:
+    """For scripts: an uncaught ``mmkv.MmkvError`` ends the process with ``prog: message`` on stderr and exit
+    status 2, without a traceback (the message says what to change). Other exceptions are reported as usual."""
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if isinstance(value, MmkvError):
+            print(f"{prog}: {value}", file=sys.stderr)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(2)
+        previous(kind, value, traceback)
+
+    sys.excepthook = hook
+
+
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible server that reuses image KV across requests",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+                       formatter_class=HelpFormatter)  # fmt: skip
     p.add_argument(
         "--model", default="small-qwen3-vl", help="a name mmkv.load understands (also the served name)"
     )
     p.add_argument("--served-model-name", nargs="*", default=[], help="more names requests may use")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on")
     p.add_argument(
         "--store", action="append", default=[], help="a store directory (or redis:// URL); repeat for tiers"
     )
-    p.add_argument("--reuse", choices=["kv", "encoder", "none"], default="kv")
-    p.add_argument("--seam", type=int, default=1)
+    p.add_argument("--reuse", choices=["kv", "encoder", "none"], default="kv", help="how cached images are reused")
+    p.add_argument("--seam", type=int, default=1, help="tokens recomputed after each spliced image")
     p.add_argument("--allowed-media-domains", nargs="*", default=[], help="hosts http(s) image URLs may name")
     p.add_argument(
         "--allowed-local-media-path", type=Path, default=None, help="file:// images must lie under this"
@@ -50,7 +90,7 @@ def _serve_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=4096, help="bound on a request's max_tokens")
     p.add_argument("--max-body-bytes", type=int, default=64 << 20, help="bigger request bodies get 413")
     p.add_argument("--max-image-bytes", type=int, default=20 << 20, help="bigger encoded images get 413")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--device", default=None, help="cpu or cuda; cuda when available if omitted")
 
 
 def _serve(args) -> None:

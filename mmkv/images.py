@@ -73,7 +73,9 @@ def _open(source: ImageSource) -> Image.Image:
             return Image.open(stream)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageTooLargeError(f"{label}: {exc}") from exc
-    except Exception as exc:  # PIL raises UnidentifiedImageError, OSError, SyntaxError, ValueError...
+    except Image.UnidentifiedImageError as exc:
+        raise UnreadableImageError(f"{label} is not a readable image (not a format Pillow decodes)") from exc
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError...
         raise UnreadableImageError(f"{label} is not a readable image ({type(exc).__name__}: {exc})") from exc
 
 

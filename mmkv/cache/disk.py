@@ -98,6 +98,11 @@ def _open_error(path: Path, exc: BaseException) -> StoreUnavailableError:
         )
     if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
         return StoreUnavailableError(f"{where}: no permission to write there; choose a writable directory")
+    code = getattr(exc, "errno", None)
+    if code in (errno.ENOENT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR) and not path.is_dir():
+        return StoreUnavailableError(
+            f"{where}: it cannot be created there ({os.strerror(code)}); choose a writable directory"
+        )
     probe = path if path.exists() else path.parent
     try:
         free = shutil.disk_usage(probe).free

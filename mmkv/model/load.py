@@ -33,10 +33,10 @@ def _not_found(name: str, repo: str, cause: str) -> ModelNotFoundError:
     known = ", ".join(sorted([*TINY, *SHIPPED, *ALIASES]))
     return ModelNotFoundError(
         f"cannot load {name!r}: {repo!r} is not a local directory and is not in the local Hugging Face cache, "
-        f"and it could not be downloaded ({cause}). Fix: on a machine with network run "
-        f"`huggingface-cli download {repo}` and copy the folder here, then call mmkv.load('/path/to/folder') "
-        f"(or set HF_HOME to that cache). To try mmkv without weights use mmkv.load('tiny-qwen3-vl'). "
-        f"Known names: {known}."
+        f"and it could not be downloaded ({cause}). Fix: on a machine with network run `hf download {repo} "
+        f"--local-dir DIR` and copy DIR here, then pass it: --model DIR on the command line, mmkv.load('DIR') "
+        f"in Python (or set HF_HOME to that cache). Without weights, try small-qwen3-vl (shipped, trained) or "
+        f"tiny-qwen3-vl (random). Known names: {known}."
     )
 
 

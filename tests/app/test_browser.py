@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from app.trajectory import TRAJECTORY
+
 from .conftest import REPO, SCREEN_1
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -50,14 +52,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def server(tmp_path):
-    """``app/demo.py --model tiny-qwen3-vl`` on a free port; yields its URL, stops it afterwards."""
+@pytest.fixture(params=["tiny-qwen3-vl"])
+def server(tmp_path, request):
+    """``app/demo.py --model <param>`` on a free port; yields its URL, stops it afterwards."""
     port = _free_port()
     log = (tmp_path / "server.log").open("w")
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
     process = subprocess.Popen(
-        [sys.executable, str(REPO / "app/demo.py"), "--model", "tiny-qwen3-vl", "--port", str(port)]
+        [sys.executable, str(REPO / "app/demo.py"), "--model", request.param, "--port", str(port)]
         + ["--max-new-tokens", "8"],
         cwd=tmp_path,  # not the repository: the example files must be served from anywhere
         env=env,
@@ -120,11 +122,11 @@ def test_trajectory_in_the_browser(server, tmp_path):
                 return page.locator(TURN_LOG).inner_text()
 
             latest = send("What is on the screen?", SCREEN_1, 1).splitlines()[0]
-            assert "image 1 computed" in latest and "cache hit" not in latest
+            assert "1 image: 1 computed" in latest and "cache hit" not in latest
             latest = send("What should I click?", None, 2).splitlines()[0]
-            assert "image 1 kept (live prefix)" in latest and "cache hit" not in latest
+            assert "1 image: 1 kept (live prefix)" in latest and "cache hit" not in latest
             latest = send("I am back on the first screen. Now?", SCREEN_1, 3).splitlines()[0]
-            assert "image 2 cache hit (memory)" in latest
+            assert "1 cache hit (memory)" in latest
             assert "(none, cold)" in latest  # the compare checkbox is on by default
             expect(page.locator(USER_MESSAGE).locator("img")).to_have_count(2)
             shot = tmp_path / "demo.png"
@@ -143,3 +145,39 @@ def test_trajectory_in_the_browser(server, tmp_path):
         target.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shot, target / "demo.png")
         print(f"screenshot: {target / 'demo.png'}")
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian's chromium is not installed at {CHROMIUM}")
+@pytest.mark.parametrize("server", ["small-qwen3-vl"], indirect=True)
+def test_the_example_trajectory_answers_as_expected(server, tmp_path):
+    """On the shipped model: click each example step of the trajectory and send it; every answer is the
+    expected one shown on its button, and the revisit step's screenshot is a cache hit. The page's screenshot
+    goes to $MMKV_ARTIFACTS/demo-trajectory.png."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1400})
+            page.set_default_timeout(TURN_TIMEOUT_MS)
+            page.goto(server, wait_until="domcontentloaded")
+            page.wait_for_selector(MESSAGE_TEXT)
+            expect(page.locator("#model-line")).to_contain_text("cannot chat")
+            for turn, step in enumerate(TRAJECTORY, start=1):
+                page.get_by_text(step.label, exact=True).click()
+                expect(page.locator(MESSAGE_TEXT)).to_have_value(step.text)
+                page.wait_for_selector(UPLOADED_THUMBNAIL)
+                page.click(MESSAGE_SUBMIT)
+                expect(page.locator(BOT_MESSAGE)).to_have_count(turn)
+                expect(page.locator(TURN_LOG)).to_contain_text(f"turn {turn} [kv]")
+                expect(page.locator(BOT_MESSAGE).nth(turn - 1)).to_have_text(step.expected)
+            latest = page.locator(TURN_LOG).inner_text().splitlines()[0]
+            assert "cache hit (memory)" in latest, latest
+            shot = tmp_path / "demo-trajectory.png"
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    if os.environ.get("MMKV_ARTIFACTS"):
+        target = Path(os.environ["MMKV_ARTIFACTS"])
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(shot, target / "demo-trajectory.png")

@@ -105,7 +105,8 @@ def test_missing_real_checkpoint_fails_fast_with_instructions(tmp_path, env):
     assert out.returncode == 0, out.stderr
     seconds, message = out.stdout.split("\n", 1)
     assert float(seconds) < 10 and time.time() - started < 60
-    assert "Qwen/Qwen3-VL-8B-Instruct" in message and "huggingface-cli download" in message
+    assert "Qwen/Qwen3-VL-8B-Instruct" in message and "hf download Qwen/Qwen3-VL-8B-Instruct" in message
+    assert "--model DIR" in message and "huggingface-cli" not in message
 
 
 def test_missing_local_directory_and_shipped_name_raise(tmp_path):
