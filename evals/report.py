@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Estimate", "bootstrap", "default_out", "format_interval", "save_figure", "write_results"]
+__all__ = ["Estimate", "bootstrap", "cells", "default_out", "format_interval", "save_figure", "write_results"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ def write_results(
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(header + markdown + "\n")
     figure(out / "results.png")
+    print(f"wrote {out / 'results.json'}, {out / 'results.md'} and {out / 'results.png'}")
 
 
 def save_figure(fig, path: str | Path, title: str = "") -> None:
@@ -80,3 +81,37 @@ def save_figure(fig, path: str | Path, title: str = "") -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def cells(
+    records: Sequence[dict],
+    arm_key: str,
+    group_key: str,
+    metrics: dict[str, tuple[tuple[str, ...], Callable[..., np.ndarray]]],
+    resamples: int = 1000,
+    seed: int = 0,
+) -> dict[str, dict]:
+    """``{arm: {group: {"n", metric: {"value", "low", "high"}}}}`` over ``records``: arms and groups in order of
+    first appearance, then ``"all"`` per arm; each metric is ``(columns, statistic)``, the statistic reducing the
+    last axis of the paired columns (see ``bootstrap``). Pure.
+
+    >>> rows = [{"arm": "a", "g": 1, "ok": 1.0}, {"arm": "a", "g": 2, "ok": 0.0}]
+    >>> cells(rows, "arm", "g", {"ok": (("ok",), lambda x: x.mean(-1))})["a"]["all"]["ok"]["value"]
+    0.5
+    """
+    from dataclasses import asdict
+
+    table: dict[str, dict] = {}
+    groups = list(dict.fromkeys(r[group_key] for r in records))
+    for arm in dict.fromkeys(r[arm_key] for r in records):
+        table[arm] = {}
+        for group in [*groups, "all"]:
+            cell = [r for r in records if r[arm_key] == arm and group in (r[group_key], "all")]
+            if not cell:
+                continue
+            entry: dict = {"n": len(cell)}
+            for name, (keys, statistic) in metrics.items():
+                columns = [np.array([float(r[k]) for r in cell], dtype=np.float64) for k in keys]  # (n,) each
+                entry[name] = asdict(bootstrap(columns, statistic, resamples, seed))
+            table[arm][group] = entry
+    return table

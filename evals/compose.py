@@ -1,0 +1,323 @@
+"""The compose eval: does a decision stay the same when the text that governs it is a precompiled segment?
+
+The decision text is the agentic task's policy (``evals/tasks.py``: the ``account_role`` field and the rule
+that turns a status badge into a tool call). It is precompiled once per role value (``mmkv.text.precompile``,
+right after the system message's opening, as a session would compute it first) and then, for each held-out
+sample, spliced into a system message that begins with a *preamble*: notes of varied content and a length of
+``--shifts`` tokens (64, 256, 1024 by default), so the segment lands that many positions away from where it
+was computed, after a context it never saw. The screen's state follows, shown as a panel (``--gates screen``)
+or said in words (``text``). Arms, each in a fresh session:
+
+- ``full``: everything computed (``reuse="none"``, the policy as plain text); the reference;
+- ``splice s=K``: the segment spliced, re-rotated to its new positions, its first ``K`` tokens recomputed in the
+  new context (``--seams``, 0 1 4 16 by default);
+- ``no-rotate s=K``: the same without re-rotation (the control: what a position-blind splice does);
+- ``erratum`` / ``suffix``: the unified edit+compose case. The segment compiled with the *other* role is spliced
+  (seam 1), the context prefilled, then the field is edited to the sample's role by an appended erratum or
+  by recomputing from the field on (``Session.edit``); scored against ``full`` with the sample's role.
+
+Per arm and gate (and per shift): decision agreement with ``full``, accuracy (the task's correct call),
+first-token logit cosine with ``full``, the fraction of the prompt run through the model (the rest spliced),
+the time to first token (host, ``last_prefill.seconds``) and the speedup over ``full`` (paired per sample), with
+bootstrap 95% intervals. For the edit arms an earlier turn built the context (untimed), and the fraction and the
+time are those of the turn that edits and asks (the edit's recomputation plus the question). Writes
+``results.json``, ``results.md`` and ``results.png`` to ``--out`` (default ``runs/compose-<model>``). Scoring a
+sample (``score_sample``) is kept apart from aggregating (``aggregate``), like ``evals/vqa.py``.
+
+    python evals/compose.py --model small-qwen3-vl
+    python evals/compose.py --model tiny-qwen2.5-vl --n 4 --shifts 64 --seams 0 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mmkv  # noqa: E402
+from evals.edit import FLIP, GATES  # noqa: E402
+from evals.report import cells, default_out, format_interval, save_figure, write_results  # noqa: E402
+from evals.tasks import (  # noqa: E402
+    AGENTIC_FIELD,
+    AGENTIC_POLICY,
+    AGENTIC_QUESTION,
+    Sample,
+    add_turns,
+    iter_samples,
+    normalise_answer,
+)
+from mmkv.cli import HelpFormatter  # noqa: E402
+
+__all__ = ["KINDS", "aggregate", "arm_names", "compose_samples", "make_preamble", "run", "score_sample"]
+
+KINDS = ("full", "splice", "no-rotate", "erratum", "suffix")
+TEMPLATE = AGENTIC_POLICY.replace("{role}", "{" + AGENTIC_FIELD + "}")
+EDIT_SEAM = 1  # the seam of the edit arms' splice
+_PAGES = ("settings", "billing", "inbox", "reports", "profile", "search results", "audit log", "dashboard")
+_ACTS = ("opened", "scrolled", "closed", "refreshed", "filtered", "exported", "reviewed", "bookmarked")
+
+
+def arm_names(seams: Sequence[int]) -> list[str]:
+    """The arm labels in report order: ``full``, ``splice s=K`` and ``no-rotate s=K`` per seam, the edit arms."""
+    return ["full", *[f"{k} s={s}" for k in ("splice", "no-rotate") for s in seams], "erratum", "suffix"]
+
+
+def make_preamble(tokenizer, tokens: int, seed: int) -> str:
+    """Notes of a previous session (varied pages, actions, numbers; seeded), at least ``tokens`` tokens long as
+    ``tokenizer`` counts them, ending with a blank line. ``tokens`` 0 gives ``""``."""
+    if tokens <= 0:
+        return ""
+    rng, lines = random.Random(seed), ["Notes from earlier steps."]
+    while len(tokenizer("\n".join(lines))["input_ids"]) < tokens:
+        lines.append(
+            f"Step {len(lines)}: {rng.choice(_ACTS)} the {rng.choice(_PAGES)} page; "
+            f"{rng.randint(0, 99)} items, {rng.choice(('none', 'one', 'two'))} flagged, id {rng.randint(1000, 9999)}."
+        )
+    return "\n".join(lines) + "\n\n"
+
+
+def compose_samples(gate: str, n: int, seed: int = 0) -> list[tuple[Sample, str]]:
+    """``n`` held-out samples of ``gate`` without an erratum of their own, each with its policy's role."""
+    out = []
+    for sample in iter_samples(GATES[gate], seed, "heldout"):
+        if len(sample.turns) == 1:
+            out.append((sample, "admin" if "account_role: admin." in sample.system else "viewer"))
+            if len(out) == n:
+                break
+    return out
+
+
+def _session(handle: mmkv.ModelHandle, kind: str) -> mmkv.Session:
+    config = mmkv.SessionConfig(reuse="none" if kind == "full" else "kv", rotate=kind != "no-rotate")
+    return mmkv.Session(handle, config=config)
+
+
+def score_sample(
+    handle: mmkv.ModelHandle,
+    sample: Sample,
+    role: str,
+    gate: str,
+    preamble: str,
+    segments: dict[str, mmkv.text.TextSegment],
+    seams: Sequence[int],
+) -> list[dict]:
+    """One record per arm (``arm_names(seams)``) for ``sample`` with the policy after ``preamble``.
+    ``segments`` maps each role to the policy precompiled with it."""
+    runs = [("full", 0)] + [(k, s) for k in ("splice", "no-rotate") for s in seams]
+    runs += [("erratum", EDIT_SEAM), ("suffix", EDIT_SEAM)]
+    results = {}
+    for kind, seam in runs:
+        session = _session(handle, kind)
+        if preamble:
+            session.add_text(preamble, "system")
+        seconds = 0.0
+        if kind == "full":
+            session.add_text(TEMPLATE, "system", {AGENTIC_FIELD: role})
+        elif kind in ("splice", "no-rotate"):
+            session.add_segment(segments[role], seam=seam, role="system")
+        else:  # the other role spliced and prefilled, then edited to this sample's role
+            session.add_segment(segments[FLIP[role]], seam=seam, role="system")
+        add_turns(session, sample)
+        computed = 0
+        if kind in ("erratum", "suffix"):  # an earlier turn built the context; this turn edits and asks
+            session.prefill()
+            report = session.edit(AGENTIC_FIELD, role, kind)
+            seconds, computed = report.seconds, report.recomputed
+        logits = session.next_token_logits(AGENTIC_QUESTION)  # (V,)
+        stats = session.last_prefill
+        answer = normalise_answer(session.ask(AGENTIC_QUESTION, max_new_tokens=8).text)
+        results[(kind, seam)] = {
+            "answer": answer,
+            "logits": logits,
+            "ttft_s": seconds + stats.seconds,
+            "fraction": (computed + stats.prefilled) / stats.prompt_tokens,
+            "prompt_tokens": stats.prompt_tokens,
+            "segment_tokens": segments[role if kind in ("splice", "no-rotate") else FLIP[role]].length,
+        }
+    reference = results[("full", 0)]
+    records = []
+    for (kind, seam), r in results.items():
+        records.append(
+            {
+                "arm": kind if kind in ("full", "erratum", "suffix") else f"{kind} s={seam}",
+                "kind": kind,
+                "seam": seam,
+                "gate": gate,
+                "shift": len(handle.processor.tokenizer(preamble)["input_ids"]) if preamble else 0,
+                "sample": sample.digest[:16],
+                "answer": r["answer"],
+                "correct": r["answer"] == sample.answer,
+                "agree": r["answer"] == reference["answer"],
+                "cosine": float(F.cosine_similarity(r["logits"], reference["logits"], dim=0)),
+                "fraction": r["fraction"],
+                "prompt_tokens": r["prompt_tokens"],
+                "segment_tokens": 0 if kind == "full" else r["segment_tokens"],
+                "ttft_s": r["ttft_s"],
+                "full_ttft_s": reference["ttft_s"],
+            }
+        )
+    return records
+
+
+def _speedup(full: np.ndarray, arm: np.ndarray) -> np.ndarray:
+    return np.median(full, -1) / np.median(arm, -1)
+
+
+METRICS = {  # name -> (record columns, statistic over the last axis)
+    "agreement": (("agree",), lambda x: x.mean(-1)),
+    "accuracy": (("correct",), lambda x: x.mean(-1)),
+    "cosine": (("cosine",), lambda x: x.mean(-1)),
+    "fraction": (("fraction",), lambda x: np.median(x, -1)),
+    "ttft_s": (("ttft_s",), lambda x: np.median(x, -1)),
+    "speedup": (("full_ttft_s", "ttft_s"), _speedup),
+}
+
+
+def aggregate(records: Sequence[dict], by: str = "gate", resamples: int = 1000, seed: int = 0) -> dict:
+    """Per arm (in ``records``' order of first appearance) and value of ``by`` (``"gate"`` or ``"shift"``; and
+    ``"all"``): ``n`` and each of ``METRICS`` as ``{"value", "low", "high"}`` (seeded bootstrap 95%). Pure."""
+    return cells(records, "arm", by, METRICS, resamples, seed)
+
+
+def to_markdown(table: dict, by: str = "gate") -> str:
+    """A table (bootstrap 95% intervals in brackets)."""
+    lines = [
+        f"| arm | {by} | n | agreement with full | accuracy | logit cosine | fraction computed | "
+        "median TTFT ms | speedup |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm, groups in table.items():
+        for group, c in groups.items():
+            lines.append(
+                f"| {arm} | {group} | {c['n']} | {format_interval(c['agreement'])} | "
+                f"{format_interval(c['accuracy'])} | {format_interval(c['cosine'], 4)} | "
+                f"{format_interval(c['fraction'], 3)} | {format_interval(c['ttft_s'], 1, 1e3)} | "
+                f"{format_interval(c['speedup'])}x |"
+            )
+    return "\n".join(lines)
+
+
+def plot(by_shift: dict, path: str | Path, title: str = "") -> None:
+    """Agreement with ``full`` (left) and logit cosine (right) against the shift, one line per arm; a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.2))
+    for arm, groups in by_shift.items():
+        if arm == "full":
+            continue
+        shifts = sorted(g for g in groups if g != "all")
+        for ax, key in zip(axes, ("agreement", "cosine"), strict=True):
+            style = "--" if arm.startswith("no-rotate") else "-"
+            ax.plot(shifts, [groups[s][key]["value"] for s in shifts], style, marker="o", label=arm)
+    axes[0].set_ylabel("decision agreement with full")
+    axes[0].set_ylim(0, 1.05)
+    axes[1].set_ylabel("first-token logit cosine with full")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("positions the segment moved (preamble tokens)")
+    axes[1].legend(fontsize=7)
+    save_figure(fig, path, title)
+
+
+def run(
+    model: str | mmkv.ModelHandle = "small-qwen3-vl",
+    n: int = 100,
+    seed: int = 0,
+    shifts: Sequence[int] = (64, 256, 1024),
+    seams: Sequence[int] = (0, 1, 4, 16),
+    gates: Sequence[str] = ("text", "screen"),
+    device: str | None = None,
+    out: str | Path | None = None,
+    progress: bool = True,
+) -> dict:
+    """Score every arm on ``n`` samples per gate (shifts taken in turn); write and return the results."""
+    if set(gates) - set(GATES) or not gates:
+        raise ValueError(f"gates must be among {sorted(GATES)}, got {list(gates)}")
+    if not shifts or min(shifts) < 0 or not seams or min(seams) < 0:
+        raise ValueError(f"shifts and seams must be non-empty and >= 0, got {list(shifts)}, {list(seams)}")
+    handle = model if isinstance(model, mmkv.ModelHandle) else mmkv.load(model, device=device)
+    name = handle.name if isinstance(model, mmkv.ModelHandle) else str(model)
+    out = Path(out) if out is not None else default_out("compose", name)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    tokenizer = handle.processor.tokenizer
+    preambles = {s: make_preamble(tokenizer, s, seed + s) for s in shifts}
+    work = [
+        (gate, sample, role, shifts[i % len(shifts)])
+        for gate in gates
+        for i, (sample, role) in enumerate(compose_samples(gate, n, seed))
+    ]
+    with torch.inference_mode():
+        segments = {r: mmkv.text.precompile(handle, TEMPLATE, {AGENTIC_FIELD: r}, role="system") for r in FLIP}
+        gate, sample, role, shift = work[0]
+        score_sample(handle, sample, role, gate, preambles[shift], segments, seams)  # warm-up, discarded
+        records = []
+        for gate, sample, role, shift in tqdm(work, desc=f"compose {name}", unit="sample", disable=not progress):
+            records.extend(score_sample(handle, sample, role, gate, preambles[shift], segments, seams))
+    by_gate, by_shift = aggregate(records, "gate", seed=seed), aggregate(records, "shift", seed=seed)
+    results = {
+        "settings": {
+            "model": name,
+            "family": handle.family.name,
+            "device": str(handle.device),
+            "dtype": str(handle.dtype),
+            "n": n,
+            "seed": seed,
+            "shifts": list(shifts),
+            "seams": list(seams),
+            "gates": list(gates),
+            "segment_tokens": {r: s.length for r, s in segments.items()},
+            "num_samples": len(work),
+            "seconds": time.perf_counter() - started,
+        },
+        "records": records,
+        "aggregate": by_gate,
+        "by_shift": by_shift,
+    }
+    header = (
+        f"# Compose eval: {name}\n\n{len(work)} samples; the policy ({segments['admin'].length} tokens with "
+        f"`admin`) precompiled "
+        f"once per role, spliced after preambles of {', '.join(map(str, shifts))} tokens (actual counts in the "
+        "shift column); arms against `full`, bootstrap 95% intervals in brackets.\n\n"
+    )
+    markdown = to_markdown(by_gate) + "\n\n## By shift\n\n" + to_markdown(by_shift, "shift")
+    title = f"{name}: precompiled policy spliced, {len(work)} samples"
+    write_results(out, results, header, markdown, lambda p: plot(by_shift, p, title=title))
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    parser.add_argument("--model", default="small-qwen3-vl")
+    parser.add_argument("--n", type=int, default=100, help="samples per gate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shifts", type=int, nargs="+", default=[64, 256, 1024], help="preamble tokens")
+    parser.add_argument("--seams", type=int, nargs="+", default=[0, 1, 4, 16], help="tokens recomputed")
+    parser.add_argument("--gates", nargs="+", choices=sorted(GATES), default=["text", "screen"])
+    parser.add_argument("--device", default=None, help="cpu or cuda; cuda when available if omitted")
+    parser.add_argument("--out", default=None, help="output folder (default runs/compose-<model>)")
+    return parser
+
+
+if __name__ == "__main__":
+    from mmkv.cli import install_error_hook
+
+    install_error_hook("evals/compose.py")
+    results = run(**vars(build_parser().parse_args()))
+    print(to_markdown(results["aggregate"]))
+    print(f"\n{results['settings']['num_samples']} samples in {results['settings']['seconds']:.1f} s")
