@@ -42,7 +42,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
     such an option's help says what leaving it out means)."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None:
+        if action.default is None or action.default == []:
             return action.help
         return super()._get_help_string(action)
 
