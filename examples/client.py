@@ -4,9 +4,12 @@ Start a server first (``mmkv serve --model small-qwen3-vl --port 8000``), then::
 
     python examples/client.py --base-url http://127.0.0.1:8000/v1
 
-Turn 1 shows a red-badge screen; turn 2 resends the whole history with a second screen, as agents do. The
+Turn 1 shows a red-badge screen; turn 2 resends the whole history with that screen shown again, as agents do. The
 second reply reports the first turn's prompt as cached (``usage.prompt_tokens_details.cached_tokens``) and,
-in the ``mmkv`` extension object, where each image's KV came from.
+in the ``mmkv`` extension object, where each image's KV came from (``live``: the pool's cache of turn 1;
+``memory``: the store, spliced at its new position). On the shipped ``small-qwen3-vl``, which was trained on
+single-screen decisions, turn 2 answers ``escalate(ticket)``: wrong for an admin, and exactly what full
+recompute of the same history answers (the model's limit, not the cache's; the test checks the equality).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     model = client.models.list().data[0].id
     messages: list[dict] = [{"role": "system", "content": POLICY}]
     turns = []
-    for screen in ("panel_red.png", "panel_green_filled.png"):
+    for screen in ("panel_red.png", "panel_red.png"):  # the same screen again: its KV comes from the store
         messages.append({"role": "user", "content": [image_part(screen), {"type": "text", "text": NEXT_ACTION}]})
         reply = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
         answer = reply.choices[0].message.content

@@ -14,10 +14,10 @@ def test_the_readme_client_example_answers_like_a_session_and_reports_its_reuse(
         turns = main(["--base-url", f"{server.base_url}/v1"])
     assert turns[0]["answer"] == "click(approve)"  # the demo's first step, as the shipped model answers it
     assert [i["source"] for i in turns[0]["images"]] == ["computed"]
-    assert [i["source"] for i in turns[1]["images"]] == ["live", "computed"]
+    assert [i["source"] for i in turns[1]["images"]] == ["live", "memory"]  # spliced, re-rotated
     assert turns[1]["cached"] >= turns[0]["prompt"] and turns[1]["prefilled_tokens"] < turns[1]["prompt"]
     session = mmkv.Session(mmkv.load("small-qwen3-vl", device="cpu"))
     session.add_text(POLICY, "system")
-    for turn, screen in zip(turns, ("panel_red.png", "panel_green_filled.png"), strict=True):
+    for turn, screen in zip(turns, ("panel_red.png", "panel_red.png"), strict=True):
         session.add_image(f"app/examples/{screen}")
         assert session.ask(NEXT_ACTION, max_new_tokens=12).text == turn["answer"]  # joins the answer too
