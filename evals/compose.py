@@ -1,11 +1,18 @@
 """The compose eval: does a decision stay the same when the text that governs it is a precompiled segment?
 
 The decision text is the agentic task's policy (``evals/tasks.py``: the ``account_role`` field and the rule
-that turns a status badge into a tool call). It is precompiled once per role value (``mmkv.text.precompile``,
-right after the system message's opening, as a session would compute it first) and then, for each held-out
-sample, spliced into a system message that begins with a *preamble*: notes of varied content and a length of
-``--shifts`` tokens (64, 256, 1024 by default), so the segment lands that many positions away from where it
-was computed, after a context it never saw. The screen's state follows, shown as a panel (``--gates screen``)
+that turns a status badge into a tool call). A *preamble* (notes of varied content, ``--shifts`` tokens long:
+64, 256, 1024 by default) moves it away from where it was computed, in one of two directions (``--directions``):
+
+- ``use`` (shift > 0): the policy is precompiled once per role right after the system message's opening (as a
+  session would compute it first) and spliced into a system message that begins with the preamble, so it lands
+  after a context it never saw;
+- ``compile`` (shift < 0): the policy is precompiled after the preamble and spliced where the task puts it, at
+  the start of the system message; the model then sees the prompt it was trained on, so its own decisions are
+  meaningful (the small checkpoints never saw text before the policy, and with a long preamble their full
+  recompute itself decides badly).
+
+Every sample is scored in both directions. The screen's state follows, shown as a panel (``--gates screen``)
 or said in words (``text``). Arms, each in a fresh session:
 
 - ``full``: everything computed (``reuse="none"``, the policy as plain text); the reference;
@@ -111,9 +118,12 @@ def score_sample(
     preamble: str,
     segments: dict[str, mmkv.text.TextSegment],
     seams: Sequence[int],
+    shift: int = 0,
 ) -> list[dict]:
-    """One record per arm (``arm_names(seams)``) for ``sample`` with the policy after ``preamble``.
-    ``segments`` maps each role to the policy precompiled with it."""
+    """One record per arm (``arm_names(seams)``) for ``sample`` with the policy after ``preamble`` (text at the
+    start of the system message; may be ``""``). ``segments`` maps each role to the policy precompiled with it;
+    ``shift`` (recorded) is how far the segment moved: the preamble's tokens, or minus the tokens it was compiled
+    after."""
     runs = [("full", 0)] + [(k, s) for k in ("splice", "no-rotate") for s in seams]
     runs += [("erratum", EDIT_SEAM), ("suffix", EDIT_SEAM)]
     results = {}
@@ -154,7 +164,7 @@ def score_sample(
                 "kind": kind,
                 "seam": seam,
                 "gate": gate,
-                "shift": len(handle.processor.tokenizer(preamble)["input_ids"]) if preamble else 0,
+                "shift": shift,
                 "sample": sample.digest[:16],
                 "answer": r["answer"],
                 "correct": r["answer"] == sample.answer,
@@ -227,8 +237,8 @@ def plot(by_shift: dict, path: str | Path, title: str = "") -> None:
     axes[0].set_ylim(0, 1.05)
     axes[1].set_ylabel("first-token logit cosine with full")
     for ax in axes:
-        ax.set_xscale("log")
-        ax.set_xlabel("positions the segment moved (preamble tokens)")
+        ax.set_xscale("symlog", linthresh=50)
+        ax.set_xlabel("positions moved (> 0: spliced after a preamble, < 0: compiled after one)")
     axes[1].legend(fontsize=7)
     save_figure(fig, path, title)
 
@@ -240,6 +250,7 @@ def run(
     shifts: Sequence[int] = (64, 256, 1024),
     seams: Sequence[int] = (0, 1, 4, 16),
     gates: Sequence[str] = ("text", "screen"),
+    directions: Sequence[str] = ("use", "compile"),
     device: str | None = None,
     out: str | Path | None = None,
     progress: bool = True,
@@ -247,6 +258,8 @@ def run(
     """Score every arm on ``n`` samples per gate (shifts taken in turn); write and return the results."""
     if set(gates) - set(GATES) or not gates:
         raise ValueError(f"gates must be among {sorted(GATES)}, got {list(gates)}")
+    if not directions or set(directions) - {"use", "compile"}:
+        raise ValueError(f"directions must be among 'use', 'compile', got {list(directions)}")
     if not shifts or min(shifts) < 0 or not seams or min(seams) < 0:
         raise ValueError(f"shifts and seams must be non-empty and >= 0, got {list(shifts)}, {list(seams)}")
     handle = model if isinstance(model, mmkv.ModelHandle) else mmkv.load(model, device=device)
@@ -256,18 +269,33 @@ def run(
     started = time.perf_counter()
     tokenizer = handle.processor.tokenizer
     preambles = {s: make_preamble(tokenizer, s, seed + s) for s in shifts}
+    tokens = {s: len(tokenizer(text)["input_ids"]) if text else 0 for s, text in preambles.items()}
     work = [
         (gate, sample, role, shifts[i % len(shifts)])
         for gate in gates
         for i, (sample, role) in enumerate(compose_samples(gate, n, seed))
     ]
     with torch.inference_mode():
-        segments = {r: mmkv.text.precompile(handle, TEMPLATE, {AGENTIC_FIELD: r}, role="system") for r in FLIP}
-        gate, sample, role, shift = work[0]
-        score_sample(handle, sample, role, gate, preambles[shift], segments, seams)  # warm-up, discarded
+        opening = mmkv.text.canonical_preamble(handle, "system")
+        segments = {
+            (where, s, r): mmkv.text.precompile(
+                handle, TEMPLATE, {AGENTIC_FIELD: r}, role="system",
+                preamble=opening + preambles[s] if where == "compile" else None,
+            )
+            for where in directions for s in shifts for r in FLIP
+        }  # fmt: skip
+
+        def score(gate, sample, role, shift, where) -> list[dict]:
+            mine = {r: segments[(where, shift, r)] for r in FLIP}
+            if where == "use":  # compiled at the message's start, spliced after the preamble
+                return score_sample(handle, sample, role, gate, preambles[shift], mine, seams, tokens[shift])
+            return score_sample(handle, sample, role, gate, "", mine, seams, -tokens[shift])  # the reverse
+
+        score(*work[0], directions[0])  # warm-up, discarded
         records = []
         for gate, sample, role, shift in tqdm(work, desc=f"compose {name}", unit="sample", disable=not progress):
-            records.extend(score_sample(handle, sample, role, gate, preambles[shift], segments, seams))
+            for where in directions:
+                records.extend(score(gate, sample, role, shift, where))
     by_gate, by_shift = aggregate(records, "gate", seed=seed), aggregate(records, "shift", seed=seed)
     results = {
         "settings": {
@@ -280,7 +308,8 @@ def run(
             "shifts": list(shifts),
             "seams": list(seams),
             "gates": list(gates),
-            "segment_tokens": {r: s.length for r, s in segments.items()},
+            "directions": list(directions),
+            "segment_tokens": {r: segments[(directions[0], shifts[0], r)].length for r in FLIP},
             "num_samples": len(work),
             "seconds": time.perf_counter() - started,
         },
@@ -289,9 +318,10 @@ def run(
         "by_shift": by_shift,
     }
     header = (
-        f"# Compose eval: {name}\n\n{len(work)} samples; the policy ({segments['admin'].length} tokens with "
-        f"`admin`) precompiled "
-        f"once per role, spliced after preambles of {', '.join(map(str, shifts))} tokens (actual counts in the "
+        f"# Compose eval: {name}\n\n{len(work)} samples x {len(directions)} directions; the policy "
+        f"({segments[(directions[0], shifts[0], 'admin')].length} tokens with `admin`) precompiled once per role "
+        f"and preamble, moved by preambles of {', '.join(map(str, shifts))} tokens: shift > 0 spliced after the "
+        "preamble, shift < 0 compiled after it and spliced at the message's start (actual token counts in the "
         "shift column); arms against `full`, bootstrap 95% intervals in brackets.\n\n"
     )
     markdown = to_markdown(by_gate) + "\n\n## By shift\n\n" + to_markdown(by_shift, "shift")
@@ -309,6 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shifts", type=int, nargs="+", default=[64, 256, 1024], help="preamble tokens")
     parser.add_argument("--seams", type=int, nargs="+", default=[0, 1, 4, 16], help="tokens recomputed")
     parser.add_argument("--gates", nargs="+", choices=sorted(GATES), default=["text", "screen"])
+    parser.add_argument(
+        "--directions", nargs="+", choices=["use", "compile"], default=["use", "compile"],
+        help="where the preamble goes: before the splice (use) or before the precompiled text (compile)",
+    )  # fmt: skip
     parser.add_argument("--device", default=None, help="cpu or cuda; cuda when available if omitted")
     parser.add_argument("--out", default=None, help="output folder (default runs/compose-<model>)")
     return parser

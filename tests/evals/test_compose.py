@@ -26,13 +26,14 @@ def test_every_arm_gate_and_shift_is_written(results):
     names = arm_names([0, 3])
     assert list(on_disk["aggregate"]) == names and list(on_disk["by_shift"]) == names
     shifts = {r["shift"] for r in res["records"]}
-    assert 0 in shifts and min(shifts - {0}) >= 40  # the preamble is at least the asked length
+    moved = shifts - {0}  # both directions: spliced after the preamble (+), compiled after it (-)
+    assert 0 in shifts and len(moved) == 2 and sum(moved) == 0 and min(map(abs, moved)) >= 40
     for arm in names:
         assert set(on_disk["aggregate"][arm]) == {"text", "screen", "all"}
-        assert on_disk["aggregate"][arm]["all"]["n"] == 4
+        assert on_disk["aggregate"][arm]["all"]["n"] == 8  # 4 samples x 2 directions
         assert set(on_disk["by_shift"][arm]) == {*map(str, shifts), "all"}
     table = (out / "results.md").read_text()
-    assert all(f"| {arm} | all | 4 |" in table for arm in names) and "## By shift" in table
+    assert all(f"| {arm} | all | 8 |" in table for arm in names) and "## By shift" in table
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -44,10 +45,11 @@ def test_a_segment_that_did_not_move_is_exact_and_one_that_moved_is_not(results)
         if r["shift"] == 0 and r["kind"] in ("splice", "no-rotate", "suffix"):
             assert r["agree"] and r["cosine"] > 0.99999, r
     for r in res["records"]:
-        if r["shift"] > 0 and r["kind"] == "splice":
+        if r["shift"] != 0 and r["kind"] == "splice":
             control = next(
                 c for c in res["records"]
                 if c["sample"] == r["sample"] and c["kind"] == "no-rotate" and c["seam"] == r["seam"]
+                and c["shift"] == r["shift"]
             )  # fmt: skip
             assert r["cosine"] != control["cosine"]
 
@@ -98,3 +100,5 @@ def test_aggregate_is_pure_and_counts_what_it_reads():
     assert cell["speedup"]["value"] == pytest.approx(2.5) and table["splice s=0"][64]["n"] == 1
     with pytest.raises(ValueError, match="shifts and seams"):
         run("tiny-qwen3-vl", n=1, shifts=())
+    with pytest.raises(ValueError, match="directions"):
+        run("tiny-qwen3-vl", n=1, directions=("sideways",))
