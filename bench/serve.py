@@ -78,12 +78,14 @@ async def _request(client: AsyncOpenAI, model: str, messages: list, max_tokens: 
 
 
 async def _screenshot_agent(
-    client, agent: int, *, model: str, turns: int, window: int, max_tokens: int
+    client, agent: int, *, model: str, turns: int, window: int, max_tokens: int, salt: int = 0
 ) -> list[dict]:
+    """One agent's trajectory; ``salt`` (the load's index) makes its screenshots new to a server that served
+    earlier loads, so no load is served from another's pool or store entries."""
     history = [{"role": "system", "content": "You operate a desktop app. Reply with one tool call."}]
     steps, out = [], []
     for turn in range(turns):
-        steps.append((turn, _shot(agent, turn)))
+        steps.append((turn, _shot(agent + 1000 * salt, turn)))
         messages = list(history)
         for number, (t, url) in enumerate(steps):
             content = [{"type": "text", "text": f"Step {t}: here is the screen."}]
@@ -96,7 +98,9 @@ async def _screenshot_agent(
     return out
 
 
-async def _field_agent(client, agent: int, *, model, turns: int, mode: str, max_tokens: int) -> list[dict]:
+async def _field_agent(
+    client, agent: int, *, model, turns: int, mode: str, max_tokens: int, salt: int = 0
+) -> list[dict]:
     messages = [{"role": "system", "content": POLICY.format(role="admin")}]
     out = []
     for turn in range(turns):
@@ -106,7 +110,8 @@ async def _field_agent(client, agent: int, *, model, turns: int, mode: str, max_
             else:
                 messages.append({"role": "system", "content": "[STATE UPDATE] account_role has just changed to "
                                  "viewer; this overrides any earlier value. Apply the current value."})  # fmt: skip
-        messages.append({"role": "user", "content": f"Ticket {agent}-{turn}: a red status badge. What now?"})
+        text = f"Ticket {salt}-{agent}-{turn}: a red status badge. What now?"  # new to the server at each load
+        messages.append({"role": "user", "content": text})
         result = await _request(client, model, messages, max_tokens)
         out.append(result | {"after_change": turn >= turns // 2})
         messages.append({"role": "assistant", "content": result["text"]})
@@ -162,15 +167,16 @@ def run(args) -> dict:
             for index, rate in enumerate(args.loads):
                 for name in names[index % 3 :] + names[: index % 3]:
                     make = functools.partial(_screenshot_agent, model=args.model, turns=args.turns,
-                                             window=args.window, max_tokens=args.max_tokens)  # fmt: skip
+                                             window=args.window, max_tokens=args.max_tokens, salt=index)  # fmt: skip
                     results, seconds = asyncio.run(_load(servers[name], args.model, rate, args.agents, make))
                     out["screenshots"].setdefault(name, []).append(
                         _summary(results, seconds) | {"load": rate}
                     )
                     print(f"screenshots load {rate}/s {name:9s}", json.dumps(out["screenshots"][name][-1]))
                 for mode in ("in place", "erratum") if index % 2 == 0 else ("erratum", "in place"):
+                    salt = 10 * index + 1 + (mode == "erratum")  # each mode's agents new to the server
                     make = functools.partial(_field_agent, model=args.model, turns=args.turns, mode=mode,
-                                             max_tokens=args.max_tokens)  # fmt: skip
+                                             max_tokens=args.max_tokens, salt=salt)  # fmt: skip
                     results, seconds = asyncio.run(_load(servers["kv"], args.model, rate, args.agents, make))
                     after = [r for r in results if r["after_change"]]
                     row = _summary(results, seconds) | {
@@ -222,13 +228,13 @@ if __name__ == "__main__":
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument(
-        "--smoke", action="store_true", help="tiny-qwen3-vl, one load, two agents, three turns"
+        "--smoke", action="store_true", help="tiny-qwen3-vl, two loads, two agents, three turns, window 2"
     )
     parser.add_argument("--json")
     parser.add_argument("--png")
     args = parser.parse_args()
     if args.smoke:
-        args.model, args.loads, args.agents, args.turns = "tiny-qwen3-vl", [2.0], 2, 3
+        args.model, args.loads, args.agents, args.turns, args.window = "tiny-qwen3-vl", [2.0, 4.0], 2, 3, 2
     result = run(args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
