@@ -2,8 +2,9 @@
 
 The context is an agent's: a policy with an editable field near the start, then ``--shots`` screenshots with a
 line of text each (the field is early, so everything after it is most of the context: the case the cheap
-strategies exist for). Per strategy: tokens recomputed, fraction of the context, edit time (median of
-``--repeats``) and its ratio to ``full``. Each strategy starts from a freshly prefilled session (not timed).
+strategies exist for). Per strategy: tokens recomputed, fraction of the context, edit time (median with min-max
+of ``--repeats`` rounds) and its ratio to ``full``. The strategies are interleaved (every round runs each once,
+the order rotated each round: A B C, B C A, ...), each edit on a freshly prefilled session (not timed).
 
 Run::
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 import mmkv  # noqa: E402
 from bench.session import _handle  # noqa: E402
+from bench.timing import interleave  # noqa: E402
 from mmkv.synthetic import synthetic_screenshot  # noqa: E402
 from mmkv.text import STRATEGIES  # noqa: E402
 
@@ -55,30 +56,36 @@ def _context(handle: mmkv.ModelHandle, shots: int, size: int) -> mmkv.Session:
 
 
 def run(handle: mmkv.ModelHandle, shots: int, size: int, repeats: int) -> list[dict]:
-    """One row per strategy: name, tokens recomputed, context tokens, fraction and median edit seconds."""
+    """One row per strategy: name, tokens recomputed, context tokens, fraction and the edit time (median, min,
+    max in ms), the strategies interleaved round by round."""
     _context(handle, 1, 224).edit("role", "viewer", "full")  # warm-up, discarded
-    rows = []
-    for strategy, options in ARMS:
-        reports = []
-        for _ in range(repeats):
-            session = _context(handle, shots, size)
+    reports = {}
+
+    def arm(strategy: str, options: dict, name: str):
+        def edit_ms() -> float:
+            session = _context(handle, shots, size)  # not timed
             if handle.device.type == "cuda":
                 torch.cuda.synchronize()
-            reports.append(session.edit("role", "viewer", strategy, **options))
-        name = strategy if strategy != "selective" else f"selective k={options['k']} ({options['rank']})"
-        rows.append(
-            {
-                "strategy": name,
-                "recomputed": reports[0].recomputed,
-                "context_tokens": reports[0].context_tokens,
-                "fraction": reports[0].fraction,
-                "edit_s": statistics.median(r.seconds for r in reports),
-            }
-        )
-    full = next(r["edit_s"] for r in rows if r["strategy"] == "full")
-    for row in rows:
-        row["vs_full"] = row["edit_s"] / full
-    return rows
+            reports[name] = session.edit("role", "viewer", strategy, **options)
+            return 1e3 * reports[name].seconds
+
+        return edit_ms
+
+    names = [s if s != "selective" else f"selective k={o['k']} ({o['rank']})" for s, o in ARMS]
+    arms = {name: arm(s, o, name) for name, (s, o) in zip(names, ARMS, strict=True)}
+    timings = interleave(arms, repeats, warmup=False, measure=lambda name, fn: fn())
+    full = timings["full"].median
+    return [
+        {
+            "strategy": name,
+            "recomputed": reports[name].recomputed,
+            "context_tokens": reports[name].context_tokens,
+            "fraction": reports[name].fraction,
+            "edit_ms": timings[name].as_dict(),
+            "vs_full": timings[name].median / full,
+        }
+        for name in names
+    ]
 
 
 def main() -> None:
@@ -101,12 +108,13 @@ def main() -> None:
     rows = run(handle, args.shots, args.size, args.repeats)
     full = next(r for r in rows if r["strategy"] == "full")
     print(f"{args.arch or args.model}: context of {full['context_tokens']} tokens, field near the start")
-    print("| strategy | tokens recomputed | fraction | edit ms | vs full |")
+    print("| strategy | tokens recomputed | fraction | edit ms, median [min-max] | vs full |")
     print("|---|---|---|---|---|")
     for r in rows:
+        t = r["edit_ms"]
         print(
-            f"| {r['strategy']} | {r['recomputed']} | {r['fraction']:.3f} | {1e3 * r['edit_s']:.1f} | "
-            f"{r['vs_full']:.2f} |"
+            f"| {r['strategy']} | {r['recomputed']} | {r['fraction']:.3f} | "
+            f"{t['median']:.1f} [{t['min']:.1f}-{t['max']:.1f}] | {r['vs_full']:.2f} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
