@@ -152,9 +152,9 @@ class ModelHandle:
         """Positions the language model supports (``max_position_embeddings``; unbounded when unset)."""
         return int(getattr(self.text_config, "max_position_embeddings", None) or 1 << 62)
 
-    @property
+    @functools.cached_property
     def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V one token occupies over all layers."""
+        """Bytes of K and V one token occupies over all layers (cached: it reads the weights' dtype, ~30 us)."""
         cfg = self.text_config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return 2 * self.num_layers * cfg.num_key_value_heads * head_dim * self.dtype.itemsize

@@ -59,7 +59,9 @@ def prepare_image(
     record = ConversationImage(
         image, image_digest(image, processor, handle.fingerprint), processor.image_grid(image)
     )
-    if config.reuse == "none" or not encoder_store.contains(record.digest, handle):
+    if record.digest not in pixels and (
+        config.reuse == "none" or not encoder_store.contains(record.digest, handle)
+    ):
         inputs = preprocess(handle, record)
         pixels.put(record.digest, inputs, inputs_nbytes(inputs))
     return record

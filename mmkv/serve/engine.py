@@ -9,6 +9,7 @@ conversation.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import mmkv
 
 from ..cache import EncoderStore, KVStore
 from ..cache.memory import MemoryTier
-from ..conversation import Conversation
+from ..conversation import Conversation, ConversationImage
 from ..runtime import prepare_image
 from .config import ServerConfig
 from .media import MediaError, MediaPolicy, read_image_url
@@ -37,7 +38,10 @@ class Engine:
         self.config = config
         self.handle = handle or mmkv.load(config.model, device=config.device)
         self.kv_store, self.encoder_store = _stores(config.stores)
-        self.pixels = MemoryTier(256 << 20)
+        self.pixels = MemoryTier(256 << 20)  # preprocessed images by digest
+        self.decoded: MemoryTier[ConversationImage] = MemoryTier(
+            256 << 20
+        )  # image records by hash of the bytes
         self.pool = LivePool(self.handle, config.pool_bytes)
         self.metrics = Metrics()
         self.media = MediaPolicy(
@@ -70,9 +74,19 @@ class Engine:
                 if images > self.config.max_images:
                     raise MediaError(f"a request holds at most {self.config.max_images} images", 413)
                 data = read_image_url(part.image_url.url, self.media)
-                record = prepare_image(self.handle, data, self.config, self.encoder_store, self.pixels)
+                record = self._image(data)
                 conversation.add_image(record, message.role, new_message=first)
         return conversation
+
+    def _image(self, data: bytes) -> ConversationImage:
+        """The image record of encoded ``data``: agents resend the same screenshots every turn, so records are
+        kept by a hash of the bytes (bounded LRU) and a resent image is neither decoded nor hashed again."""
+        key = hashlib.sha256(data).hexdigest()
+        record = self.decoded.get(key)
+        if record is None:
+            record = prepare_image(self.handle, data, self.config, self.encoder_store, self.pixels)
+            self.decoded.put(key, record, 3 * record.pixels.width * record.pixels.height + len(data))
+        return record  # (preprocessed pixels evicted since are made again by the turn that needs them)
 
     def usage(self, completion: Completion) -> dict:
         """The OpenAI usage object; ``cached_tokens`` = prompt tokens whose KV was not recomputed."""

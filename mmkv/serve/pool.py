@@ -78,13 +78,12 @@ class LivePool:
         self._chains: dict[int, list[bytes]] = {}  # id -> its block chain
         self._index: dict[bytes, set[int]] = {}  # block-chain hash -> ids of the entries holding that prefix
         self._used: dict[int, int] = {}  # id -> checkin stamp (larger: more recent)
+        self._bytes: dict[int, int] = {}  # id -> its KV bytes, as checked in
+        self._total = 0  # sum of _bytes
         self._clock = 0
         self._lock = threading.Lock()
         self.hits = 0  # checkouts that continued an entry or a copy of its prefix
         self.evictions = 0
-
-    def _nbytes(self, live: LiveCache) -> int:
-        return live.num_tokens * self.handle.kv_bytes_per_token
 
     @property
     def num_entries(self) -> int:
@@ -93,9 +92,8 @@ class LivePool:
 
     @property
     def num_bytes(self) -> int:
-        """KV bytes of the idle entries."""
-        with self._lock:
-            return sum(self._nbytes(e) for e in self._idle.values())
+        """KV bytes of the idle entries (kept as a running total: O(1))."""
+        return self._total
 
     def checkout(self, layout: PromptLayout) -> tuple[LiveCache, int]:
         """A live cache for ``layout`` and how many of its leading entries already match; the caller owns it
@@ -148,6 +146,8 @@ class LivePool:
     def _add(self, key: int, live: LiveCache) -> None:
         self._clock += 1
         self._used[key] = self._clock
+        self._bytes[key] = live.num_tokens * self.handle.kv_bytes_per_token
+        self._total += self._bytes[key]
         chain = block_chain(live.token_ids, live.positions)
         self._chains[key] = chain
         for digest in chain:
@@ -155,6 +155,7 @@ class LivePool:
 
     def _remove(self, key: int) -> LiveCache:
         self._used.pop(key, None)
+        self._total -= self._bytes.pop(key, 0)
         for digest in self._chains.pop(key, ()):
             holders = self._index.get(digest)
             if holders is not None:
@@ -182,10 +183,8 @@ class LivePool:
                 self._remove(key)
             self._idle[key] = live
             self._add(key, live)
-            total = sum(self._nbytes(e) for e in self._idle.values())
-            while total > self.max_bytes and self._idle:
-                evicted = self._remove(next(iter(self._idle)))
-                total -= self._nbytes(evicted)
+            while self._total > self.max_bytes and self._idle:
+                self._remove(next(iter(self._idle)))
                 self.evictions += 1
 
     def clear(self) -> None:
@@ -195,3 +194,5 @@ class LivePool:
             self._chains.clear()
             self._index.clear()
             self._used.clear()
+            self._bytes.clear()
+            self._total = 0
