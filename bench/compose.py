@@ -42,7 +42,7 @@ if __name__ == "__main__":  # run as a script: make the repository root importab
 import torch
 
 import mmkv
-from bench.timing import Timing, interleave
+from bench.timing import interleave
 from evals.compose import make_preamble
 from mmkv.cache import ImageKVStore
 from mmkv.model.reference import REFERENCE_ARCHS, build_reference
@@ -76,14 +76,21 @@ def lengths_part(handle: mmkv.ModelHandle, lengths: list[int], repeats: int) -> 
     rows = []
     for length in lengths:
         text = segment_text(handle, length)
-        started = time.perf_counter()
-        segment = mmkv.text.precompile(handle, text)
-        precompile_ms = 1e3 * (time.perf_counter() - started)
-        timings = interleave(
-            {arm: (lambda arm=arm: _turn(handle, text, segment, arm)) for arm in ("splice", "compute")},
-            repeats,
-            measure=lambda name, fn: fn(),
-        )
+        try:
+            started = time.perf_counter()
+            segment = mmkv.text.precompile(handle, text)
+            precompile_ms = 1e3 * (time.perf_counter() - started)
+            timings = interleave(
+                {
+                    arm: (lambda arm=arm, text=text, segment=segment: _turn(handle, text, segment, arm))
+                    for arm in ("splice", "compute")
+                },
+                repeats,
+                measure=lambda name, fn: fn(),
+            )
+        except (MemoryError, RuntimeError) as exc:  # this machine's limit: report it, keep what was measured
+            print(f"L {length}: stopped, {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            break
         rows.append(
             {
                 "length": segment.length,
@@ -130,7 +137,9 @@ def store_part(handle: mmkv.ModelHandle, args, repeats: int) -> dict:
 
         def load() -> float:
             nonlocal equal
-            store = ImageKVStore(directory)  # a fresh store: empty memory tier, the disk tier on the directory
+            store = ImageKVStore(
+                directory
+            )  # a fresh store: empty memory tier, the disk tier on the directory
             started = time.perf_counter()
             loaded = mmkv.text.precompile(handle, text, store=store)
             ms = 1e3 * (time.perf_counter() - started)
@@ -187,7 +196,9 @@ def _range(t: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="tiny-qwen3-vl", help="a name mmkv.load understands")
     parser.add_argument("--arch", choices=REFERENCE_ARCHS, help="random weights of a released model's size")
     parser.add_argument("--lm-layers", type=int, default=None)
@@ -195,7 +206,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384, 32768])
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds per length")
     parser.add_argument("--fit-from", type=int, default=2048, help="fit the growth over L >= this")
-    parser.add_argument("--store-length", type=int, default=4096, help="segment tokens of the store part (0: skip)")
+    parser.add_argument(
+        "--store-length", type=int, default=4096, help="segment tokens of the store part (0: skip)"
+    )
     parser.add_argument("--smoke", action="store_true", help="tiny lengths, one round: seconds")
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # the store part's other process
@@ -206,7 +219,9 @@ def main(argv: list[str] | None = None) -> dict:
         _child_precompile(args)
         return {}
     handle = _handle(args)
-    print(f"model {handle.name}: {handle.num_layers} LM layers, {handle.dtype}, {torch.get_num_threads()} threads")
+    print(
+        f"model {handle.name}: {handle.num_layers} LM layers, {handle.dtype}, {torch.get_num_threads()} threads"
+    )
     rows = lengths_part(handle, args.lengths, args.repeats)
     results = {
         "model": handle.name,
@@ -216,7 +231,9 @@ def main(argv: list[str] | None = None) -> dict:
     }
     g = results["growth"]
     if g["splice"] is not None:
-        print(f"growth (log-log slope, L >= {args.fit_from}): splice {g['splice']:.2f}, compute {g['compute']:.2f}")
+        print(
+            f"growth (log-log slope, L >= {args.fit_from}): splice {g['splice']:.2f}, compute {g['compute']:.2f}"
+        )
     print(f"compute / splice at L = {rows[-1]['length']}: {rows[-1]['ratio']:.2f}x")
     if args.store_length:
         part = results["store"] = store_part(handle, args, args.repeats)

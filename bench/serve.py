@@ -110,7 +110,9 @@ async def _field_agent(
             else:
                 messages.append({"role": "system", "content": "[STATE UPDATE] account_role has just changed to "
                                  "viewer; this overrides any earlier value. Apply the current value."})  # fmt: skip
-        text = f"Ticket {salt}-{agent}-{turn}: a red status badge. What now?"  # new to the server at each load
+        text = (
+            f"Ticket {salt}-{agent}-{turn}: a red status badge. What now?"  # new to the server at each load
+        )
         messages.append({"role": "user", "content": text})
         result = await _request(client, model, messages, max_tokens)
         out.append(result | {"after_change": turn >= turns // 2})

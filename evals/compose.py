@@ -53,15 +53,14 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mmkv  # noqa: E402
-from evals.edit import FLIP, GATES  # noqa: E402
-from evals.report import cells, default_out, format_interval, save_figure, write_results  # noqa: E402
+from evals.edit import FLIP, GATES, edit_samples  # noqa: E402
+from evals.report import cells, default_out, format_interval, save_figure, script_main, write_results  # noqa: E402
 from evals.tasks import (  # noqa: E402
     AGENTIC_FIELD,
     AGENTIC_POLICY,
     AGENTIC_QUESTION,
     Sample,
     add_turns,
-    iter_samples,
     normalise_answer,
 )
 from mmkv.cli import HelpFormatter  # noqa: E402
@@ -96,13 +95,7 @@ def make_preamble(tokenizer, tokens: int, seed: int) -> str:
 
 def compose_samples(gate: str, n: int, seed: int = 0) -> list[tuple[Sample, str]]:
     """``n`` held-out samples of ``gate`` without an erratum of their own, each with its policy's role."""
-    out = []
-    for sample in iter_samples(GATES[gate], seed, "heldout"):
-        if len(sample.turns) == 1:
-            out.append((sample, "admin" if "account_role: admin." in sample.system else "viewer"))
-            if len(out) == n:
-                break
-    return out
+    return edit_samples(gate, n, seed, flips=False)
 
 
 def _session(handle: mmkv.ModelHandle, kind: str) -> mmkv.Session:
@@ -293,7 +286,9 @@ def run(
 
         score(*work[0], directions[0])  # warm-up, discarded
         records = []
-        for gate, sample, role, shift in tqdm(work, desc=f"compose {name}", unit="sample", disable=not progress):
+        for gate, sample, role, shift in tqdm(
+            work, desc=f"compose {name}", unit="sample", disable=not progress
+        ):
             for where in directions:
                 records.extend(score(gate, sample, role, shift, where))
     by_gate, by_shift = aggregate(records, "gate", seed=seed), aggregate(records, "shift", seed=seed)
@@ -349,9 +344,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    from mmkv.cli import install_error_hook
-
-    install_error_hook("evals/compose.py")
-    results = run(**vars(build_parser().parse_args()))
-    print(to_markdown(results["aggregate"]))
-    print(f"\n{results['settings']['num_samples']} samples in {results['settings']['seconds']:.1f} s")
+    script_main("evals/compose.py", build_parser(), run, to_markdown)

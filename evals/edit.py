@@ -44,6 +44,7 @@ from evals.report import (  # noqa: E402
     default_out,
     format_interval,
     save_figure,
+    script_main,
     write_results,
 )
 from evals.tasks import (  # noqa: E402
@@ -65,12 +66,12 @@ FLIP = {"admin": "viewer", "viewer": "admin"}
 ANSWER = {"admin": "click(approve)", "viewer": "escalate(ticket)"}  # under a red badge
 
 
-def edit_samples(gate: str, n: int, seed: int = 0) -> list[tuple[Sample, str]]:
-    """``n`` held-out samples of ``gate`` whose decision the role flips (red badge, no erratum of their own),
-    each with its policy's role."""
+def edit_samples(gate: str, n: int, seed: int = 0, flips: bool = True) -> list[tuple[Sample, str]]:
+    """``n`` held-out samples of ``gate`` without an erratum of their own, each with its policy's role; with
+    ``flips``, only those whose decision the role flips (a red badge)."""
     out = []
     for sample in iter_samples(GATES[gate], seed, "heldout"):
-        if len(sample.turns) == 1 and sample.answer in ANSWER.values():
+        if len(sample.turns) == 1 and (sample.answer in ANSWER.values() or not flips):
             out.append((sample, "admin" if "account_role: admin." in sample.system else "viewer"))
             if len(out) == n:
                 break
@@ -280,9 +281,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    from mmkv.cli import install_error_hook
-
-    install_error_hook("evals/edit.py")
-    results = run(**vars(build_parser().parse_args()))
-    print(to_markdown(results["aggregate"]))
-    print(f"\n{results['settings']['num_samples']} samples in {results['settings']['seconds']:.1f} s")
+    script_main("evals/edit.py", build_parser(), run, to_markdown)

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Estimate", "bootstrap", "cells", "default_out", "format_interval", "save_figure", "write_results"]
+__all__ = [
+    "Estimate",
+    "bootstrap",
+    "cells",
+    "default_out",
+    "script_main",
+    "format_interval",
+    "save_figure",
+    "write_results",
+]
 
 
 @dataclass(frozen=True)
@@ -115,3 +124,14 @@ def cells(
                 entry[name] = asdict(bootstrap(columns, statistic, resamples, seed))
             table[arm][group] = entry
     return table
+
+
+def script_main(prog: str, parser, run: Callable[..., dict], to_markdown: Callable[[dict], str]) -> None:
+    """An eval's command line: a ``mmkv.MmkvError`` ends it with one line (exit 2); ``run(**args)``; the
+    aggregate printed as Markdown, then how many samples took how long."""
+    from mmkv.cli import install_error_hook
+
+    install_error_hook(prog)
+    results = run(**vars(parser.parse_args()))
+    print(to_markdown(results["aggregate"]))
+    print(f"\n{results['settings']['num_samples']} samples in {results['settings']['seconds']:.1f} s")

@@ -62,6 +62,7 @@ from evals.report import (  # noqa: E402
     default_out,
     format_interval,
     save_figure,
+    script_main,
     write_results,
 )
 from evals.tasks import (  # noqa: E402
@@ -503,9 +504,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    from mmkv.cli import install_error_hook
-
-    install_error_hook("evals/vqa.py")
-    results = run(**vars(build_parser().parse_args()))
-    print(to_markdown(results["aggregate"]))
-    print(f"\n{results['settings']['num_samples']} samples in {results['settings']['seconds']:.1f} s")
+    script_main("evals/vqa.py", build_parser(), run, to_markdown)

@@ -34,7 +34,9 @@ def image_part(name: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
     parser.add_argument("--api-key", default="unused", help="the server's --api-key, if it has one")
     args = parser.parse_args(argv)
@@ -43,7 +45,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     messages: list[dict] = [{"role": "system", "content": POLICY}]
     turns = []
     for screen in ("panel_red.png", "panel_red.png"):  # the same screen again: its KV comes from the store
-        messages.append({"role": "user", "content": [image_part(screen), {"type": "text", "text": NEXT_ACTION}]})
+        messages.append(
+            {"role": "user", "content": [image_part(screen), {"type": "text", "text": NEXT_ACTION}]}
+        )
         reply = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
         answer = reply.choices[0].message.content
         extension = reply.model_extra["mmkv"]

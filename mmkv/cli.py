@@ -75,7 +75,9 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--store", action="append", default=[], help="a store directory (or redis:// URL); repeat for tiers"
     )
-    p.add_argument("--reuse", choices=["kv", "encoder", "none"], default="kv", help="how cached images are reused")
+    p.add_argument(
+        "--reuse", choices=["kv", "encoder", "none"], default="kv", help="how cached images are reused"
+    )
     p.add_argument("--seam", type=int, default=1, help="tokens recomputed after each spliced image")
     p.add_argument("--allowed-media-domains", nargs="*", default=[], help="hosts http(s) image URLs may name")
     p.add_argument(

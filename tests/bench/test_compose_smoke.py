@@ -22,6 +22,8 @@ def test_smoke_times_both_arms_and_loads_the_other_process_segment_bit_for_bit(t
 
 
 def test_growth_is_the_log_log_slope():
-    rows = [{"length": n, "a": {"median": 3.0 * n}, "b": {"median": 0.5 * n * n}} for n in (100, 200, 400, 800)]
+    rows = [
+        {"length": n, "a": {"median": 3.0 * n}, "b": {"median": 0.5 * n * n}} for n in (100, 200, 400, 800)
+    ]
     assert abs(growth(rows, "a", 0) - 1.0) < 1e-9 and abs(growth(rows, "b", 0) - 2.0) < 1e-9
     assert abs(growth(rows, "b", 400) - 2.0) < 1e-9 and growth(rows, "b", 800) is None

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from evals.compose import arm_names, build_parser, compose_samples, make_preamble, run
 from evals.compose import aggregate as compose_aggregate
+from evals.compose import arm_names, build_parser, compose_samples, make_preamble, run
 
 
 @pytest.fixture(scope="module", params=["tiny-qwen3-vl", "tiny-qwen2.5-vl"])

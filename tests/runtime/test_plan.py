@@ -87,7 +87,10 @@ def test_other_policies_never_splice_or_store(reuse):
         _layout([("text", 2), ("image", 4, 0), ("text", 2)]), IMAGES, 0, TurnPolicy(reuse), sources
     )
     assert sources.asked == [] and plan.splices == () and plan.writes == ()
-    assert (plan.images[0].source, plan.images[0].encoder) == ("computed", "disk")  # KV computed, features cached
+    assert (plan.images[0].source, plan.images[0].encoder) == (
+        "computed",
+        "disk",
+    )  # KV computed, features cached
     assert plan.images[0].reused_from == "disk" and plan.computed == ((0, 10),)
 
 

@@ -62,7 +62,7 @@ def test_the_block_index_finds_what_a_scan_of_every_entry_finds(tiny):
     words = ["alpha", "beta", "gamma", "delta", "kappa", "omega"]
     openings = [" ".join(rng.choice(words) for _ in range(n)) for n in (1, 3, 8, 20)]
     pool = LivePool(tiny, max_bytes=1 << 30)
-    for i in range(24):
+    for _ in range(24):
         pool.checkin(
             _live(tiny, f"{rng.choice(openings)} {' '.join(rng.choices(words, k=rng.randint(0, 12)))}")[1]
         )
