@@ -17,27 +17,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from ..conversation import ImageItem, Message, TextItem
-from .render import _MARK
+from ..conversation import ImageItem, Message
+from .render import _MARK, render_views
 
-__all__ = ["Templates", "is_separable", "is_verbatim", "render_views", "templates_of"]
+__all__ = ["Templates", "is_separable", "is_verbatim", "templates_of"]
 
 _ANCHOR = {"role": "user", "content": [{"type": "text", "text": "\ue002"}]}  # a stand-in first message
 _STRUCTURES = 4096  # structure chunks kept per processor
-
-
-def render_views(message: Message) -> tuple[dict, dict, list[TextItem]]:
-    """The template's view of ``message``: with markers for its text items, and with the texts themselves."""
-    marked, direct, items = [], [], []
-    for item in message.items:
-        if isinstance(item, TextItem):
-            marked.append({"type": "text", "text": _MARK.format(len(items))})
-            direct.append({"type": "text", "text": item.text})
-            items.append(item)
-        else:
-            marked.append({"type": "image"})
-            direct.append({"type": "image"})
-    return {"role": message.role, "content": marked}, {"role": message.role, "content": direct}, items
 
 
 class Templates:

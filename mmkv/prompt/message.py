@@ -3,18 +3,16 @@ position 0, so that ``mmkv.prompt.blocks`` can assemble a turn's layout from the
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
 
 from ..conversation import Message, TextItem
-from ..fields import fill_template
 from ..kv.spans import image_span, text_span
 from ..model.handle import ModelHandle
-from .chunks import Templates, render_views
+from .chunks import Templates
 from .layout import SegmentAnchor
-from .render import _MARK_PATTERN, _control_pattern, _split_at, encode_parts
+from .render import _control_pattern, collect_spans, encode_parts, render_views, split_marked
 
 __all__ = ["Block", "NotIncremental", "generation_block", "message_block"]
 
@@ -63,35 +61,13 @@ def message_block(
     if chunk is None or (direct_chunk is None and not verbatim):
         raise NotIncremental
     _check_starts_with_control(handle, chunk)
-    pieces = re.split(_MARK_PATTERN, chunk)
-    parts: list[tuple[str, bool]] = []
-    tags: list[tuple[TextItem, str | None] | None] = []
-    for k, piece in enumerate(pieces):
-        if k % 2 == 0:
-            parts.append((piece, True))
-            tags.append(None)
-            continue
-        item = items[int(piece)]
-        spans = fill_template(item.template, item.field_map)[1] if item.fields else {}
-        for text, name in _split_at(item.text, spans):
-            parts.append((text, False))
-            tags.append((item, name))
+    parts, tags = split_marked(chunk, items)
     if not verbatim and "".join(text for text, _ in parts) != direct_chunk:
         raise NotIncremental  # the template rewrites this message's text
     order = message.image_indices
     counts = [handle.position_rule.num_image_tokens(conversation.images[i].grid) for i in order]
     ids, spans = encode_parts(handle.processor, parts, offsets=True, pad_counts=counts)
-    item_spans: dict[int, tuple[int, int]] = {}
-    field_spans: dict[str, tuple[int, int]] = {}
-    for part, tag in enumerate(tags):
-        if tag is None or part not in spans:
-            continue
-        item, name = tag
-        begin, end = spans[part]
-        old = item_spans.get(item.item_id)
-        item_spans[item.item_id] = (begin, end) if old is None else (min(old[0], begin), max(old[1], end))
-        if name is not None:
-            field_spans[name] = (begin, end)
+    item_spans, field_spans = collect_spans(tags, spans)
     anchors = []
     for item in items:
         if item.segment is not None and item.item_id in item_spans:

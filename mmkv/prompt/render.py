@@ -32,7 +32,15 @@ from ..conversation import Message, TextItem
 from ..errors import UnsupportedInputError
 from ..fields import fill_template
 
-__all__ = ["RenderedPrompt", "encode_parts", "render_prompt"]
+__all__ = [
+    "RenderedPrompt",
+    "Tag",
+    "collect_spans",
+    "encode_parts",
+    "render_prompt",
+    "render_views",
+    "split_marked",
+]
 
 _MARK = "\ue000{}\ue001"  # stands in for text item {} while the template renders
 _MARK_PATTERN = r"\ue000([0-9]+)\ue001"
@@ -169,48 +177,79 @@ def render_prompt(
     """
     marked, direct, items = [], [], []
     for message in messages:
-        marked_content, direct_content = [], []
-        for item in message.items:
-            if isinstance(item, TextItem):
-                marked_content.append({"type": "text", "text": _MARK.format(len(items))})
-                direct_content.append({"type": "text", "text": item.text})
-                items.append(item)
-            else:
-                marked_content.append({"type": "image"})
-                direct_content.append({"type": "image"})
-        marked.append({"role": message.role, "content": marked_content})
-        direct.append({"role": message.role, "content": direct_content})
-    pieces = re.split(_MARK_PATTERN, processor.apply_chat_template(marked, add_generation_prompt))
-    # pieces: template literal, item index, literal, item index, ..., literal; items are cut at their fields
-    parts: list[tuple[str, bool]] = []
-    tags: list[tuple[int, str | None] | None] = []  # per part: None (template) or (item index, field or None)
-    for k, piece in enumerate(pieces):
-        if k % 2 == 0:
-            parts.append((piece, True))
-            tags.append(None)
-            continue
-        item = items[int(piece)]
-        spans = fill_template(item.template, item.field_map)[1] if item.fields and trace else {}
-        for text, name in _split_at(item.text, spans):
-            parts.append((text, False))
-            tags.append((int(piece), name))
+        marked_message, direct_message, message_items = render_views(message, start=len(items))
+        marked.append(marked_message)
+        direct.append(direct_message)
+        items.extend(message_items)
+    parts, tags = split_marked(
+        processor.apply_chat_template(marked, add_generation_prompt), items, fields=trace
+    )
     if "".join(text for text, _ in parts) != processor.apply_chat_template(direct, add_generation_prompt):
         return _render_untraced(processor, direct, items, grids, add_generation_prompt)
     counts = [processor.num_image_tokens(g) for g in grids]
     ids, spans = encode_parts(processor, parts, offsets=trace, pad_counts=counts)
     if not trace:
         return RenderedPrompt(ids, None, None)
+    return RenderedPrompt(ids, *collect_spans(tags, spans))
+
+
+def render_views(message: Message, start: int = 0) -> tuple[dict, dict, list[TextItem]]:
+    """The template's two views of ``message``: with a marker for each text item (numbered from ``start``), and
+    with the texts themselves; and its text items in order. Changes nothing."""
+    marked, direct, items = [], [], []
+    for item in message.items:
+        if isinstance(item, TextItem):
+            marked.append({"type": "text", "text": _MARK.format(start + len(items))})
+            direct.append({"type": "text", "text": item.text})
+            items.append(item)
+        else:
+            marked.append({"type": "image"})
+            direct.append({"type": "image"})
+    return {"role": message.role, "content": marked}, {"role": message.role, "content": direct}, items
+
+
+Tag = (
+    tuple[TextItem, str | None] | None
+)  # a part's origin: None (template text) or (text item, field or None)
+
+
+def split_marked(
+    rendered: str, items: Sequence[TextItem], fields: bool = True
+) -> tuple[list[tuple[str, bool]], list[Tag]]:
+    """A marked rendering (``render_views``' markers, numbered as ``items``) as ``encode_parts`` parts: template
+    literals (control tokens real) and each item's text (plain text), the text cut at its fields' values when
+    ``fields``; with each part's ``Tag``. Reads only."""
+    parts: list[tuple[str, bool]] = []
+    tags: list[Tag] = []
+    for k, piece in enumerate(re.split(_MARK_PATTERN, rendered)):  # literal, item index, literal, ...
+        if k % 2 == 0:
+            parts.append((piece, True))
+            tags.append(None)
+            continue
+        item = items[int(piece)]
+        spans = fill_template(item.template, item.field_map)[1] if item.fields and fields else {}
+        for text, name in _split_at(item.text, spans):
+            parts.append((text, False))
+            tags.append((item, name))
+    return parts, tags
+
+
+def collect_spans(
+    tags: Sequence[Tag], spans: dict[int, tuple[int, int]]
+) -> tuple[dict[int, tuple[int, int]], dict[str, tuple[int, int]]]:
+    """The token spans of every text item (by ``item_id``, over all its parts) and of every field's value, from
+    the parts' ``tags`` and their token ``spans`` (part index -> ``(begin, end)``, as ``encode_parts`` gives)."""
     item_spans: dict[int, tuple[int, int]] = {}
     field_spans: dict[str, tuple[int, int]] = {}
     for part, tag in enumerate(tags):
         if tag is None or part not in spans:
             continue
-        item_id, (begin, end) = items[tag[0]].item_id, spans[part]
-        old = item_spans.get(item_id)
-        item_spans[item_id] = (begin, end) if old is None else (min(old[0], begin), max(old[1], end))
-        if tag[1] is not None:
-            field_spans[tag[1]] = (begin, end)
-    return RenderedPrompt(ids, item_spans, field_spans)
+        (item, name), (begin, end) = tag, spans[part]
+        old = item_spans.get(item.item_id)
+        item_spans[item.item_id] = (begin, end) if old is None else (min(old[0], begin), max(old[1], end))
+        if name is not None:
+            field_spans[name] = (begin, end)
+    return item_spans, field_spans
 
 
 def _split_at(text: str, spans: dict[str, tuple[int, int]]) -> list[tuple[str, str | None]]:
