@@ -77,16 +77,13 @@ async def _request(client: AsyncOpenAI, model: str, messages: list, max_tokens: 
             "sources": [i["source"] for i in ext.get("images", [])], "done": time.perf_counter()}  # fmt: skip
 
 
-async def _screenshot_agent(
-    client, agent: int, *, model: str, turns: int, window: int, max_tokens: int, salt: int = 0
-) -> list[dict]:
-    """One agent's trajectory; ``salt`` (the load's index) makes its screenshots new to a server that served
-    earlier loads, so no load is served from another's pool or store entries."""
-    history = [{"role": "system", "content": "You operate a desktop app. Reply with one tool call."}]
-    steps, out = [], []
+def screenshot_requests(agent: int, turns: int, window: int, salt: int = 0):
+    """The messages of each of one agent's requests: the whole history, with only its last ``window``
+    screenshots; ``salt`` (a load's index) makes the screenshots new to a server that served earlier loads."""
+    steps = []
     for turn in range(turns):
         steps.append((turn, _shot(agent + 1000 * salt, turn)))
-        messages = list(history)
+        messages = [{"role": "system", "content": "You operate a desktop app. Reply with one tool call."}]
         for number, (t, url) in enumerate(steps):
             content = [{"type": "text", "text": f"Step {t}: here is the screen."}]
             if number >= len(steps) - window:  # the agent keeps only its last `window` screenshots
@@ -94,8 +91,17 @@ async def _screenshot_agent(
             messages.append({"role": "user", "content": content})
             if t < turn:
                 messages.append({"role": "assistant", "content": f"click(button_{t})"})
-        out.append(await _request(client, model, messages, max_tokens))
-    return out
+        yield messages
+
+
+async def _screenshot_agent(
+    client, agent: int, *, model: str, turns: int, window: int, max_tokens: int, salt: int = 0
+) -> list[dict]:
+    """One agent's trajectory (``screenshot_requests``), each request sent once the previous one answered."""
+    return [
+        await _request(client, model, messages, max_tokens)
+        for messages in screenshot_requests(agent, turns, window, salt)
+    ]
 
 
 async def _field_agent(

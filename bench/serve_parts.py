@@ -2,7 +2,7 @@
 
 The server's own ``Engine`` per arm (``kv``; ``none`` = the pool's prefix reuse only; no reuse = no pool), the
 model worker's steps timed one by one, over waves of agents (each wave new content: ``bench/serve.py``'s
-screenshot trajectories, run one request at a time), the arms interleaved wave by wave (kv, none, no reuse, kv,
+screenshot trajectories, ``screenshot_requests``, one request at a time), the arms interleaved wave by wave (kv, none, no reuse, kv,
 ...). Per wave and arm, the mean ms per request of: building the conversation from the request (images decoded,
 or found by the hash of their bytes), the layout, the pool checkout, the turn (and the forward inside it),
 decoding ``--max-tokens`` tokens and the check-in; the time in Python's garbage collector; the idle pool
@@ -46,22 +46,6 @@ class GcClock:
             self._started = time.perf_counter()
         else:
             self.seconds += time.perf_counter() - self._started
-
-
-def requests(agent: int, salt: int, turns: int, window: int):
-    """The successive requests' messages of one screenshot agent (the whole history each turn)."""
-    steps = []
-    for turn in range(turns):
-        steps.append((turn, serve_bench._shot(agent + 1000 * salt, turn)))
-        messages = [{"role": "system", "content": "You operate a desktop app. Reply with one tool call."}]
-        for number, (t, url) in enumerate(steps):
-            content = [{"type": "text", "text": f"Step {t}: here is the screen."}]
-            if number >= len(steps) - window:
-                content.append({"type": "image_url", "image_url": {"url": url}})
-            messages.append({"role": "user", "content": content})
-            if t < turn:
-                messages.append({"role": "assistant", "content": f"click(button_{t})"})
-        yield messages
 
 
 def one_request(engine: Engine, model: str, messages: list, max_tokens: int) -> dict[str, float]:
@@ -110,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, engine in engines.items():
             totals, count, clock.seconds = dict.fromkeys(STEPS, 0.0), 0, 0.0
             for agent in range(args.agents):
-                for messages in requests(agent, 100 + wave, args.turns, args.window):
+                for messages in serve_bench.screenshot_requests(agent, args.turns, args.window, 100 + wave):
                     for step, seconds in one_request(engine, args.model, messages, args.max_tokens).items():
                         totals[step] += seconds
                     count += 1

@@ -53,11 +53,10 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mmkv  # noqa: E402
-from evals.edit import FLIP, GATES, edit_samples  # noqa: E402
+from evals.edit import FLIP, GATES, TEMPLATE, edit_samples  # noqa: E402
 from evals.report import cells, default_out, format_interval, save_figure, script_main, write_results  # noqa: E402
 from evals.tasks import (  # noqa: E402
     AGENTIC_FIELD,
-    AGENTIC_POLICY,
     AGENTIC_QUESTION,
     Sample,
     add_turns,
@@ -68,7 +67,6 @@ from mmkv.cli import HelpFormatter  # noqa: E402
 __all__ = ["KINDS", "aggregate", "arm_names", "compose_samples", "make_preamble", "run", "score_sample"]
 
 KINDS = ("full", "splice", "no-rotate", "erratum", "suffix")
-TEMPLATE = AGENTIC_POLICY.replace("{role}", "{" + AGENTIC_FIELD + "}")
 EDIT_SEAM = 1  # the seam of the edit arms' splice
 _PAGES = ("settings", "billing", "inbox", "reports", "profile", "search results", "audit log", "dashboard")
 _ACTS = ("opened", "scrolled", "closed", "refreshed", "filtered", "exported", "reviewed", "bookmarked")

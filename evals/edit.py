@@ -64,6 +64,7 @@ ARM_NAMES = ("ignored", "erratum", "in_place", "selective", "selective-deviation
 GATES = {"screen": "agentic", "text": "agentic_text"}  # gate -> the task category that shows it that way
 FLIP = {"admin": "viewer", "viewer": "admin"}
 ANSWER = {"admin": "click(approve)", "viewer": "escalate(ticket)"}  # under a red badge
+TEMPLATE = AGENTIC_POLICY.replace("{role}", "{" + AGENTIC_FIELD + "}")  # the policy, its role a field
 
 
 def edit_samples(gate: str, n: int, seed: int = 0, flips: bool = True) -> list[tuple[Sample, str]]:
@@ -81,9 +82,7 @@ def edit_samples(gate: str, n: int, seed: int = 0, flips: bool = True) -> list[t
 def _session(handle: mmkv.ModelHandle, sample: Sample, role: str) -> mmkv.Session:
     """The sample's context with the policy's role as an editable field, prefilled."""
     session = mmkv.Session(handle, reuse="none")
-    session.add_text(
-        AGENTIC_POLICY.replace("{role}", "{" + AGENTIC_FIELD + "}"), "system", {AGENTIC_FIELD: role}
-    )
+    session.add_text(TEMPLATE, "system", {AGENTIC_FIELD: role})
     add_turns(session, sample)
     session.prefill()
     return session

@@ -29,6 +29,7 @@ import hashlib
 import heapq
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 
 import torch
 
@@ -43,28 +44,26 @@ BLOCK = 16  # tokens per indexed block
 SAMPLE = 8  # entries compared exactly per level beyond those ending there
 
 
-def block_chain(token_ids: torch.Tensor, positions: torch.Tensor, limit: int | None = None) -> list[bytes]:
-    """Chained hashes of the full ``BLOCK``-token blocks of ``token_ids`` ``(L,)`` and ``positions`` ``(3, L)``
-    (at most ``limit`` blocks): block k's hash covers blocks 0..k, so equal hashes mean equal prefixes (up to
-    hash collisions, which the exact comparison after it catches).
+def block_chain(token_ids: torch.Tensor, positions: torch.Tensor) -> Iterator[bytes]:
+    """Chained hashes of the full ``BLOCK``-token blocks of ``token_ids`` ``(L,)`` and ``positions`` ``(3, L)``,
+    made lazily (a walk that stops early hashes no further): block k's hash covers blocks 0..k, so equal hashes
+    mean equal prefixes (up to hash collisions, which the exact comparison after it catches).
 
     >>> ids, pos = torch.arange(40), torch.arange(40).expand(3, 40)
-    >>> len(block_chain(ids, pos)), block_chain(ids, pos)[0] == block_chain(ids[:16], pos[:, :16])[0]
+    >>> chain = list(block_chain(ids, pos))
+    >>> len(chain), chain[0] == next(block_chain(ids[:16], pos[:, :16]))
     (2, True)
     """
-    blocks = (
-        int(token_ids.shape[0]) // BLOCK if limit is None else min(limit, int(token_ids.shape[0]) // BLOCK)
-    )
+    blocks = int(token_ids.shape[0]) // BLOCK
     ids = token_ids[: blocks * BLOCK].to(torch.int64).numpy()
     pos = positions[:, : blocks * BLOCK].to(torch.int64).numpy()
-    chain, previous = [], b""
+    previous = b""
     for k in range(blocks):
         piece = slice(k * BLOCK, (k + 1) * BLOCK)
         previous = hashlib.blake2b(
             previous + ids[piece].tobytes() + pos[:, piece].tobytes(), digest_size=16
         ).digest()
-        chain.append(previous)
-    return chain
+        yield previous
 
 
 class LivePool:
@@ -148,7 +147,7 @@ class LivePool:
         self._used[key] = self._clock
         self._bytes[key] = live.num_tokens * self.handle.kv_bytes_per_token
         self._total += self._bytes[key]
-        chain = block_chain(live.token_ids, live.positions)
+        chain = list(block_chain(live.token_ids, live.positions))
         self._chains[key] = chain
         for digest in chain:
             self._index.setdefault(digest, set()).add(key)
