@@ -85,13 +85,17 @@ class VLProcessor:
         get = size.get if isinstance(size, dict) else (lambda k: getattr(size, k))
         return int(get("shortest_edge")), int(get("longest_edge"))
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text of a conversation, with one ``<|image_pad|>`` per image item."""
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """The prompt text of a conversation, with one ``<|image_pad|>`` per image item; ``tools`` (OpenAI
+        function specs) are rendered as the template renders them (the system message lists them)."""
         return self.tokenizer.apply_chat_template(
             messages,
             chat_template=self.chat_template,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
+            tools=tools or None,
         )
 
     def preprocess_images(self, images: Sequence[Image.Image]) -> ImageInputs:
