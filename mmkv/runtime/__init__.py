@@ -3,10 +3,21 @@ executor and a decoder, each owning its own state.
 
 A turn flows: ``lay_out`` (``mmkv.prompt``) -> ``LiveCache.matching_prefix`` -> ``LiveCache.truncate`` ->
 ``plan_turn`` (asks ``TurnSources``) -> ``execute`` (one forward call) -> ``TurnSources.flush`` (store
-writes, after the first token) -> ``generate`` (decode).
+writes, after the first token) -> ``Decoder`` (decode).
 """
 
-from .decode import GREEDY, AnswerText, Sampling, generate, vision_token_ids
+from .decode import (
+    GREEDY,
+    AnswerText,
+    DecodeOptions,
+    DecodeStep,
+    Decoder,
+    FinishReason,
+    Sampling,
+    TokenConstraint,
+    TokenLogprob,
+    vision_token_ids,
+)
 from .execute import attention_mask, execute, replace_span, resolve_features
 from .live import LiveCache, LivePiece
 from .plan import (
@@ -29,6 +40,12 @@ from .turn import check_positions, run_turn
 __all__ = [
     "GREEDY",
     "AnswerText",
+    "DecodeOptions",
+    "DecodeStep",
+    "Decoder",
+    "FinishReason",
+    "TokenConstraint",
+    "TokenLogprob",
     "Answer",
     "PrefillStats",
     "FeatureSlice",
@@ -46,7 +63,6 @@ __all__ = [
     "attention_mask",
     "check_positions",
     "execute",
-    "generate",
     "inputs_nbytes",
     "pad_features",
     "plan_replace",

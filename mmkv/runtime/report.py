@@ -1,38 +1,60 @@
-"""What a turn reports: ``PrefillStats`` (bringing the live cache up to a prompt) and ``Answer`` (one ``ask``).
+"""What a turn reports: ``PrefillStats`` (bringing the live cache up to a prompt) and ``Answer`` (one answered
+turn: ``Session.ask`` / ``stream`` and the server's requests alike).
 
-Both are plain records; ``ImageReuse`` (where each image came from) is made by the planner.
+Both are frozen records; ``ImageReuse`` (where each image came from) is made by the planner.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from .decode import FinishReason, TokenLogprob
 from .plan import ImageReuse
 
 __all__ = ["Answer", "PrefillStats"]
 
 
 @dataclass(frozen=True)
-class Answer:
-    """The result of one ``ask``."""
-
-    text: str  # the decoded answer, special tokens removed
-    token_ids: tuple[int, ...]  # generated ids (the end-of-turn token included when produced)
-    ttft_s: float  # seconds from the call to the first answer token
-    total_s: float  # seconds for the whole call
-    prompt_tokens: int  # tokens in the rendered prompt
-    prefilled_tokens: int  # prompt tokens run through the language model this turn
-    reused_tokens: int  # prompt tokens whose KV came from the live cache or a store
-    images: tuple[ImageReuse, ...]  # one entry per image in the prompt
-
-
-@dataclass
 class PrefillStats:
     """What bringing the live cache up to one prompt took."""
 
     prompt_tokens: int = 0  # tokens in the prompt
     prefilled: int = 0  # tokens run through the language model
     reused: int = 0  # tokens whose KV came from the live cache or a store
-    images: list[ImageReuse] = field(default_factory=list)  # where each image of the prompt came from
+    images: tuple[ImageReuse, ...] = ()  # where each image of the prompt came from
     seconds: float = 0.0  # from rendering to the first token's logits on the host; store writes excluded
     forward_seconds: float = 0.0  # of which in the model's forward (the rest is mmkv's own host work)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One answered turn."""
+
+    text: str  # the decoded answer, special tokens removed, stripped, cut at a stop string
+    token_ids: tuple[int, ...]  # generated ids (the end-of-turn token included when produced)
+    finish_reason: FinishReason  # "stop" (end of turn, grammar complete, stop string), "length", "cancelled"
+    ttft_s: float  # seconds from the call (the server: from the worker taking the job) to the first token
+    total_s: float  # seconds for the whole call
+    prefill: PrefillStats  # what bringing the cache up to the prompt took
+    queue_s: float = 0.0  # seconds waiting for the model (the server's queue; 0 in a Session)
+    logprobs: tuple[TokenLogprob, ...] | None = None  # per generated token, when asked for
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens in the rendered prompt."""
+        return self.prefill.prompt_tokens
+
+    @property
+    def prefilled_tokens(self) -> int:
+        """Prompt tokens run through the language model this turn."""
+        return self.prefill.prefilled
+
+    @property
+    def reused_tokens(self) -> int:
+        """Prompt tokens whose KV came from the live cache or a store."""
+        return self.prefill.reused
+
+    @property
+    def images(self) -> tuple[ImageReuse, ...]:
+        """One entry per image in the prompt: where its KV came from."""
+        return self.prefill.images
