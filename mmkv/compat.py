@@ -11,10 +11,9 @@
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import functools
 import inspect
-from collections.abc import Iterator
 
 import torch
 from transformers import PreTrainedModel
@@ -57,29 +56,24 @@ def _forward_concatenates_deepstack(inner_class: type) -> bool:
     return "for feat in deepstack_image_embeds" in inspect.getsource(inner_class.forward)
 
 
-@contextlib.contextmanager
-def _image_features_from(model: PreTrainedModel, encoder_output) -> Iterator[None]:
-    """Within the block, ``model.model.get_image_features`` returns ``encoder_output`` (older transformers)."""
-    inner = model.model
-    original = inner.__dict__.get("get_image_features")
-    inner.get_image_features = lambda *args, **kwargs: encoder_output
-    try:
-        yield
-    finally:
-        if original is None:
-            del inner.get_image_features
-        else:
-            inner.get_image_features = original
+def _with_image_features(model: PreTrainedModel, encoder_output) -> PreTrainedModel:
+    """A per-call shallow copy of ``model`` whose inner model's ``get_image_features`` returns
+    ``encoder_output`` (older transformers). The two copied modules share every submodule and weight with
+    ``model``; ``model`` itself is not changed, so other threads using it are not disturbed."""
+    inner = copy.copy(model.model)
+    inner.__dict__["get_image_features"] = lambda *args, **kwargs: encoder_output
+    outer = copy.copy(model)
+    outer.__dict__["_modules"] = {**model._modules, "model": inner}
+    return outer
 
 
 def forward_with_encoder_outputs(model: PreTrainedModel, encoder_output, **kwargs):
     """``model(**kwargs)`` with the vision tower's work replaced by ``encoder_output`` (a ``get_image_features``
-    result for exactly the images whose pads are in ``input_ids``)."""
+    result for exactly the images whose pads are in ``input_ids``). Changes nothing on ``model``."""
     if supports_encoder_outputs(model):
         return model(mm_encoder_outputs={"image": encoder_output}, **kwargs)
     placeholder = torch.zeros(1, 1)  # only needs to be non-None: the patched method ignores it
-    with _image_features_from(model, encoder_output):
-        return model(pixel_values=placeholder, **kwargs)
+    return _with_image_features(model, encoder_output)(pixel_values=placeholder, **kwargs)
 
 
 def crop_cache(cache, keep: int) -> None:

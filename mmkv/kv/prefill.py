@@ -58,6 +58,7 @@ def prefill_span(
     attention_mask: torch.Tensor | None = None,
     keep_segment: bool = True,
     attentions: bool = False,
+    num_layers: int | None = None,
 ) -> PrefillResult:
     """Prefill ``token_ids`` (``(L,)``) at ``position_ids`` (``(3, L)``) after the KV already in ``context``.
 
@@ -68,8 +69,10 @@ def prefill_span(
     causal one, for spans whose context holds entries that come later in the prompt.
     ``kind`` defaults to "image" when the span has image pads. ``keep_segment=False`` skips copying the span's
     own KV out of the cache (``segment`` is then None: decode steps and plan execution need only the cache).
-    ``attentions=True`` runs the call with eager attention (the only implementation that returns weights) and
-    returns them. Raises ``ValueError`` on shape mismatches or when pads are given no features.
+    ``attentions=True`` runs the call on the handle's eager-attention variant (the only implementation that returns
+    weights; ``ModelHandle.variant``: the same weights, the shared model untouched) and returns them.
+    ``num_layers`` runs only the first that many language-model layers (the layer-cut variant; the logits are
+    then not the model's, and only those layers' KV is appended). Raises ``ValueError`` on shape mismatches or when pads are given no features.
     """
     token_ids = token_ids.reshape(-1).long()
     length = token_ids.shape[0]
@@ -98,19 +101,13 @@ def prefill_span(
     if images is not None:
         kwargs["pixel_values"] = images.pixel_values.to(device, handle.dtype)
         kwargs["image_grid_thw"] = images.image_grid_thw.to(device)
-    saved = None
     if attentions:
         kwargs["output_attentions"] = True
-        saved = handle.model.config.get_text_config()._attn_implementation
-        handle.model.set_attn_implementation("eager")
-    try:
-        if features:
-            out = forward_with_encoder_outputs(handle.model, join_features(handle, features), **kwargs)
-        else:
-            out = handle.model(**kwargs)
-    finally:
-        if saved is not None:
-            handle.model.set_attn_implementation(saved)
+    model = handle.variant(eager=attentions, num_layers=num_layers)  # handle.model unless a variant is asked
+    if features:
+        out = forward_with_encoder_outputs(model, join_features(handle, features), **kwargs)
+    else:
+        out = model(**kwargs)
     segment = None
     if keep_segment:
         kind = kind or ("image" if num_pads else "text")

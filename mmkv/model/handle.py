@@ -8,10 +8,13 @@ one fingerprint must never be served to another.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
+import itertools
 import json
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NewType
 
@@ -101,6 +104,8 @@ class ModelHandle:
     layout: RotaryLayout  # rotary channel layout of the language model
     position_rule: PositionRule  # M-RoPE position rule (merge size)
     fingerprint: ModelFingerprint  # config + weights + dtype identity, for cache keys
+    _variants: dict = field(default_factory=dict, repr=False)  # (eager, num_layers) -> model sharing weights
+    _variants_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def from_parts(
@@ -158,6 +163,29 @@ class ModelHandle:
         cfg = self.text_config
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         return 2 * self.num_layers * cfg.num_key_value_heads * head_dim * self.dtype.itemsize
+
+    def variant(self, *, eager: bool = False, num_layers: int | None = None) -> PreTrainedModel:
+        """The model as a call that needs another attention kernel (``eager``: the only one that returns
+        attention weights) or fewer language-model layers (the first ``num_layers``) runs it: a second module
+        tree **sharing every weight and buffer** with ``model``, made once per setting and kept. ``model`` and
+        its config are never changed, so calls on the handle from other threads are not disturbed."""
+        if not eager and num_layers in (None, self.num_layers):
+            return self.model
+        if num_layers is not None and not 1 <= num_layers <= self.num_layers:
+            raise ValueError(f"num_layers must be in [1, {self.num_layers}], got {num_layers}")
+        key = (eager, num_layers)
+        with self._variants_lock:
+            found = self._variants.get(key)
+            if found is None:
+                shared = {id(t): t for t in itertools.chain(self.model.parameters(), self.model.buffers())}
+                found = copy.deepcopy(self.model, shared)  # new modules and configs, the same tensors
+                if eager:
+                    found.set_attn_implementation("eager")
+                if num_layers is not None:
+                    language_model = found.model.language_model
+                    language_model.layers = type(language_model.layers)(list(language_model.layers)[:num_layers])
+                self._variants[key] = found
+            return found
 
     def save(self, directory: str | Path) -> Path:
         """Write a standard checkpoint directory (config, safetensors, tokenizer, processor, chat template)

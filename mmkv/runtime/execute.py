@@ -12,15 +12,13 @@ afterwards the entries are ``0 .. 11`` in order.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
 
 from ..conversation import ConversationImage
-from ..kv.prefill import prefill_span
-from ..kv.segment import KVSegment, append_to_cache, reorder_cache
+from ..kv.segment import KVSegment
 from ..kv.vision import ImageFeatures
 from ..model.handle import ModelHandle
 from ..mrope import rerotate
@@ -92,7 +90,7 @@ def execute(
     ids = layout.token_ids
     entry_index = [torch.arange(plan.keep)]  # prompt index of every cache entry, in cache order
     if plan.splices:
-        append_to_cache(live.cache, place_splices(plan.splices, layout.positions, plan.policy))
+        live.append_spliced(place_splices(plan.splices, layout.positions, plan.policy))
         entry_index += [torch.arange(splice.start, splice.end) for splice in plan.splices]
     computed = plan.computed_indices()  # (Q,)
     features = resolve_features(plan.features, images, sources)
@@ -101,7 +99,7 @@ def execute(
         logits = _run(handle, live, layout, computed, features, None)
     elif computed.numel() * (entries.numel() + computed.numel()) <= MASK_ELEMENTS:
         logits = _run(handle, live, layout, computed, features, torch.cat([entries, computed]))
-        reorder_cache(live.cache, plan.keep, torch.argsort(torch.cat([entries, computed])[plan.keep :]))
+        live.reorder_tail(plan.keep, torch.argsort(torch.cat([entries, computed])[plan.keep :]))
     else:
         last_splice_end = max(splice.end for splice in plan.splices)
         head, tail = computed[computed < last_splice_end], computed[computed >= last_splice_end]
@@ -114,7 +112,7 @@ def execute(
             )
             entries = torch.cat([entries, part])
             logits = _run(handle, live, layout, part, taken, entries)
-        reorder_cache(live.cache, plan.keep, torch.argsort(entries[plan.keep :]))
+        live.reorder_tail(plan.keep, torch.argsort(entries[plan.keep :]))
         if tail.numel():
             logits = _run(handle, live, layout, tail, features, None)
     live.record(layout)
@@ -140,33 +138,14 @@ MASK_ELEMENTS = 1 << 24  # (queries x keys) entries one masked call may build: 1
 
 
 def _run(handle, live, layout, computed, features, entries) -> torch.Tensor:
-    """One ``prefill_span`` over prompt indices ``computed``; with ``entries`` (the prompt index of every cache
-    entry, the computed ones last) under the mask they imply, else on the causal path. Adds its time (the
-    device waited for) to ``live.forward_seconds``."""
-    started = time.perf_counter()
-    try:
-        return _forward(handle, live, layout, computed, features, entries)
-    finally:
-        if handle.device.type == "cuda":
-            torch.cuda.synchronize(handle.device)
-        live.forward_seconds += time.perf_counter() - started
-
-
-def _forward(handle, live, layout, computed, features, entries) -> torch.Tensor:
+    """One forward call over prompt indices ``computed``; with ``entries`` (the prompt index of every cache
+    entry, the computed ones last) under the mask they imply, else on the causal path."""
     mask = None
     if entries is not None:
         eager = handle.model.config.get_text_config()._attn_implementation == "eager"
         mask_dtype = handle.dtype if eager else torch.bool  # eager adds the mask; sdpa takes booleans
         mask = attention_mask(entries, computed, mask_dtype).to(handle.device)
-    return prefill_span(
-        handle,
-        layout.token_ids[computed],
-        layout.positions[:, computed],
-        context=live.cache,
-        features=features,
-        attention_mask=mask,
-        keep_segment=False,
-    ).logits
+    return live.forward(layout.token_ids[computed], layout.positions[:, computed], features, mask)
 
 
 def _take_features(

@@ -10,14 +10,19 @@ cache always holds a prefix of the last prompt it was brought up to (plus decode
     ...                                     # execute(plan) appends and records the new prompt
     live.num_tokens                         # == layout.num_tokens afterwards
 
-Only the methods below change it; each says what it changes.
+Only the methods below change it (no other code touches its ``DynamicCache``); each says what it changes:
+``reset``, ``truncate`` (crop), ``append_spliced`` + ``forward`` + ``reorder_tail`` + ``record`` (a plan being
+executed), ``extend`` (a decoded token), ``probe`` (a query that leaves the cache as it was). ``copy_prefix``
+and ``segment`` read only.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
-from collections.abc import Iterator
+import copy
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,8 +30,9 @@ import torch
 from transformers import DynamicCache
 
 from ..compat import crop_cache
-from ..kv.prefill import new_cache
-from ..kv.segment import KVSegment, SegmentKind, segment_from_cache
+from ..kv.prefill import PrefillResult, new_cache, prefill_span
+from ..kv.segment import KVSegment, SegmentKind, append_to_cache, reorder_cache, segment_from_cache
+from ..kv.vision import ImageFeatures
 from ..model.handle import ModelHandle
 from ..prompt.layout import PromptLayout
 
@@ -61,6 +67,7 @@ class LiveCache:
         self.positions = torch.zeros(3, 0, dtype=torch.long)  # (3, N) position of every entry
         self.pieces: tuple = ()  # pieces of the held prompt, in order: objects with kind, begin, end
         self.image_digests: dict[int, str] = {}  # first entry of each held image -> its content digest
+        self.prompt_tokens = 0  # entries of the last prompt recorded (the rest: decoded tokens)
         self.forward_seconds = 0.0  # time spent in the model's forward building this cache (a running total)
 
     @contextlib.contextmanager
@@ -126,6 +133,7 @@ class LiveCache:
         self.positions = self.positions[:, :keep]
         self.pieces = self.pieces[:whole]
         self.image_digests = {b: d for b, d in self.image_digests.items() if b < keep}
+        self.prompt_tokens = min(self.prompt_tokens, keep)
         return segments
 
     def segment(
@@ -145,16 +153,95 @@ class LiveCache:
             digest,
         )
 
+    def copy_prefix(self, keep: int) -> LiveCache:
+        """A new live cache holding this one's first ``keep`` entries (their KV, ids, positions, pieces and
+        image digests), in O(layers): its K/V are views of this cache's tensors. Changes nothing here.
+
+        Sharing is safe because no K/V tensor of a live cache is ever written in place before a
+        ``DynamicCache.update`` (which concatenates into a new tensor) has replaced it: the only in-place write,
+        ``reorder_tail``, runs after ``append_spliced`` / ``forward`` in the same plan."""
+        if not 0 < keep <= self.num_tokens:
+            raise ValueError(f"cannot copy {keep} of {self.num_tokens} live entries")
+        other = LiveCache(self.handle)
+        other.cache = copy.copy(self.cache)
+        other.cache.layers = [copy.copy(layer) for layer in self.cache.layers]  # own layer objects
+        crop_cache(other.cache, keep)  # views of the shared tensors
+        other.token_ids, other.positions = self.token_ids[:keep], self.positions[:, :keep]
+        other.pieces = tuple(p for p in self.pieces if p.end <= keep)
+        other.image_digests = {b: d for b, d in self.image_digests.items() if b < keep}
+        other.prompt_tokens = min(self.prompt_tokens, keep)
+        return other
+
+    def layer_prefix(self, keep: int, num_layers: int) -> DynamicCache:
+        """A scratch ``DynamicCache`` holding copies of the first ``keep`` entries of the first ``num_layers``
+        layers (for a shallow recompute that must not touch this cache). Changes nothing here."""
+        scratch = DynamicCache()
+        for index, layer in enumerate(self.cache.layers[:num_layers]):
+            scratch.update(layer.keys[:, :, :keep].clone(), layer.values[:, :, :keep].clone(), index)
+        return scratch
+
+    # ----------------------------------------------------------------- executing a plan (mmkv.runtime.execute)
+    def append_spliced(self, segment: KVSegment) -> None:
+        """Append ``segment``'s K and V (already at their prompt positions) after the entries held. The
+        bookkeeping (ids, positions, pieces) is out of date until ``record``."""
+        append_to_cache(self.cache, segment)
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        features: Sequence[ImageFeatures] | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run the model over ``token_ids`` (``(n,)``) at ``positions`` (``(3, n)``) after every entry held
+        (or under ``attention_mask``), appending their KV; returns the last one's ``(vocab,)`` logits and adds
+        the call's time (the device waited for) to ``forward_seconds``. The bookkeeping is out of date until
+        ``record`` (a plan) or see ``extend`` (decoding)."""
+        started = time.perf_counter()
+        try:
+            return prefill_span(
+                self.handle, token_ids, positions, context=self.cache, features=features,
+                attention_mask=attention_mask, keep_segment=False,
+            ).logits  # fmt: skip
+        finally:
+            if self.handle.device.type == "cuda":
+                torch.cuda.synchronize(self.handle.device)
+            self.forward_seconds += time.perf_counter() - started
+
+    def reorder_tail(self, keep: int, order: torch.Tensor) -> None:
+        """Permute the entries from ``keep`` on: entry ``keep + i`` becomes the old ``keep + order[i]``."""
+        reorder_cache(self.cache, keep, order)
+
+    def probe(self, token_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor) -> PrefillResult:
+        """Run ``token_ids`` as queries over the cache under ``attention_mask`` with attention weights returned
+        (the eager variant of the model); the cache is cropped back afterwards, bit for bit as before."""
+        held = self.cache.get_seq_length()
+        try:
+            return prefill_span(
+                self.handle, token_ids, positions, context=self.cache, attention_mask=attention_mask,
+                attentions=True, keep_segment=False,
+            )  # fmt: skip
+        finally:
+            crop_cache(self.cache, held)
+
+    def extend(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Append decoded tokens ``token_ids`` (``(n,)``) at ``positions`` (``(3, n)``): their KV computed and
+        recorded, counted as part of the last piece. Returns the last one's ``(vocab,)`` logits."""
+        logits = self.forward(token_ids, positions)
+        self.append_tokens(token_ids, positions)
+        return logits
+
     def record(self, layout: PromptLayout) -> None:
         """Say that the cache now holds exactly ``layout``'s prompt (called once its KV is in place)."""
         assert self.cache.get_seq_length() == layout.num_tokens, "the cache does not hold the whole prompt"
         self.token_ids, self.positions = layout.token_ids.clone(), layout.positions.clone()
         self.pieces = layout.pieces  # (kind, begin, end) of each: PromptPiece serves as a live piece
         self.image_digests = {p.begin: layout.digest_of(p) for p in layout.pieces if p.kind == "image"}
+        self.prompt_tokens = layout.num_tokens
 
     def append_tokens(self, token_ids: torch.Tensor, positions: torch.Tensor) -> None:
         """Say that the cache grew by ``token_ids`` (``(n,)``) at ``positions`` (``(3, n)``): decoded tokens,
-        counted as part of the last piece."""
+        counted as part of the last piece (``extend`` computes and records them)."""
         self.token_ids = torch.cat([self.token_ids, token_ids.reshape(-1).cpu()])
         self.positions = torch.cat([self.positions, positions.cpu()], dim=1)
         assert self.cache.get_seq_length() == self.num_tokens, "cache and bookkeeping disagree"

@@ -7,7 +7,7 @@
 4. **execute** the plan (one forward call, masks bounded);
 5. **flush** the turn's store writes, after the first token's logits are on the host.
 
-(Step 1, laying the prompt out, and step 6, decoding, are the caller's.) On an exception the live cache is in
+(Step 1, laying the prompt out, and step 6, decoding (``Decoder``), are the caller's.) On an exception the live cache is in
 an undefined state: run it inside ``LiveCache.dropped_on_error``.
 """
 
@@ -48,14 +48,17 @@ def run_turn(
     sources: TurnSources,
     policy: TurnPolicy,
     started: float | None = None,
+    keep: int | None = None,
 ) -> tuple[torch.Tensor, PrefillStats]:
     """Steps 2-5 for ``layout`` (whose images are ``images[i]``): returns the ``(vocab,)`` float32 logits of the
     prompt's last token, on the host, and what it took (``seconds`` counted from ``started``, default now).
-    Mutates ``live`` (it holds the prompt afterwards) and the stores (the turn's writes)."""
+    ``keep``: the matching prefix when the caller already computed it (the server's pool checkout: it is
+    ``live.matching_prefix(layout)``, not computed twice). Mutates ``live`` (it holds the prompt afterwards)
+    and the stores (the turn's writes)."""
     started = time.perf_counter() if started is None else started
     check_positions(handle, layout)
     # 2. matching prefix
-    keep = live.matching_prefix(layout)
+    keep = live.matching_prefix(layout) if keep is None else keep
     reusable_text = live.truncate(keep, collect_text=policy.reuse == "kv")
     # 3. plan
     plan = plan_turn(layout, images, keep, policy, sources, reusable_text)
@@ -63,7 +66,7 @@ def run_turn(
     forward_before = live.forward_seconds
     logits = execute(handle, live, plan, layout, images, sources).cpu()
     stats = PrefillStats(
-        layout.num_tokens, plan.prefilled, plan.reused, list(plan.images), time.perf_counter() - started,
+        layout.num_tokens, plan.prefilled, plan.reused, plan.images, time.perf_counter() - started,
         live.forward_seconds - forward_before,
     )  # fmt: skip
     # 5. store writes, after the first token is known

@@ -19,8 +19,10 @@ Every strategy reports the tokens it recomputed, their fraction of the context, 
 
 The strategies work on an ``EditTarget`` (a ``Session`` is one): a conversation, a live cache, a layout, and
 the two cache-building calls ``prefill`` and ``replace_span``. Every cache-building path goes through
-``mmkv.kv.prefill_span``: the attention ranking's one-token probe too (with ``attentions=True``; the cache is
-cropped back to what it held), and the deviation ranking's two-layer recompute (over a scratch cache).
+``mmkv.kv.prefill_span``: the attention ranking's one-token probe too (``LiveCache.probe``: the model's
+eager-attention variant, the cache cropped back to what it held), and the deviation ranking's two-layer
+recompute (the model's two-layer variant over a scratch copy of the cache's first layers). The shared model is
+never changed.
 """
 
 from __future__ import annotations
@@ -31,9 +33,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
-from transformers import DynamicCache
 
-from ..compat import crop_cache
 from ..conversation import Conversation
 from ..errors import UnsupportedInputError
 from ..kv.prefill import prefill_span
@@ -73,7 +73,7 @@ class EditReport:
 class EditTarget(Protocol):
     """What an edit needs of its session: ``mmkv.Session`` implements it."""
 
-    model: ModelHandle
+    handle: ModelHandle  # the model
     live: LiveCache  # the KV held now
     conversation: Conversation  # what was said (fields included)
 
@@ -202,19 +202,13 @@ def _rank_by_attention(target: EditTarget, after: PromptLayout, begin, old_end, 
 
     The probe runs the last token once more as a query over the whole cache, with its own cached copy hidden
     (so it sees exactly what it saw at prefill); the cache is cropped back afterwards, bit for bit as before."""
-    live, handle = target.live, target.model
+    live, handle = target.live, target.handle
     n = live.num_tokens
     entries = torch.arange(n + 1)
     entries[n - 1] = n + 1  # its own cached copy: hidden (it sees itself as the new entry)
     entries[n] = n - 1
     mask = attention_mask(entries, torch.tensor([n - 1]), handle.dtype).to(handle.device)
-    try:
-        probe = prefill_span(
-            handle, live.token_ids[-1:], live.positions[:, -1:], context=live.cache, attention_mask=mask,
-            attentions=True, keep_segment=False,
-        )  # fmt: skip
-    finally:
-        crop_cache(live.cache, n)
+    probe = live.probe(live.token_ids[-1:], live.positions[:, -1:], mask)  # the cache is cropped back
     weights = torch.stack([a[0, :, 0].float() for a in probe.attentions]).mean((0, 1)).cpu()  # (n + 1,)
     weights[n - 1] = weights[n]  # the last token's attention to itself
     scores = weights[old_end:n]  # the tokens after the field, old indices
@@ -226,27 +220,19 @@ def _rank_by_deviation(target: EditTarget, after: PromptLayout, begin, old_end, 
     """CacheBlend-style: recompute the first two layers over the new field and everything after it, and rank the
     later tokens by how far their layer-1 keys and values moved from the cached ones (old keys re-rotated to the
     new positions first). The live cache is not touched (the recompute runs over a scratch cache)."""
-    live, handle = target.live, target.model
+    live, handle = target.live, target.handle
     n_old = live.num_tokens
     if old_end >= n_old:
         return []
     ids, positions = after.token_ids, after.positions
     downstream = live.segment(old_end).moved_to(int(positions[0, new_end]))  # the cached KV, re-rotated
     depth = min(2, handle.num_layers)
-    scratch = DynamicCache()
-    for layer in range(depth):
-        source = live.cache.layers[layer]
-        scratch.update(source.keys[:, :, :begin].clone(), source.values[:, :, :begin].clone(), layer)
+    scratch = live.layer_prefix(begin, depth)
     features = target.pad_features(after, range(begin, after.num_tokens))
-    language_model = handle.model.model.language_model
-    layers = language_model.layers
-    language_model.layers = layers[:depth]
-    try:
-        prefill_span(
-            handle, ids[begin:], positions[:, begin:], context=scratch, features=features, keep_segment=False
-        )
-    finally:
-        language_model.layers = layers
+    prefill_span(
+        handle, ids[begin:], positions[:, begin:], context=scratch, features=features, keep_segment=False,
+        num_layers=depth,
+    )  # fmt: skip
     fresh = scratch.layers[depth - 1]
     dk = (fresh.keys[0, :, new_end:] - downstream.keys[depth - 1, 0]).float().norm(dim=(0, 2))  # (L,)
     dv = (fresh.values[0, :, new_end:] - downstream.values[depth - 1, 0]).float().norm(dim=(0, 2))
