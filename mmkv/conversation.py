@@ -18,6 +18,8 @@ The conversation knows nothing about tokens or KV: ``mmkv.prompt`` renders it, `
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -129,6 +131,24 @@ class Message:
     def image_indices(self) -> tuple[int, ...]:
         """The conversation image index of each of its image items, in order."""
         return tuple(i.image_index for i in self.items if isinstance(i, ImageItem))
+
+    @functools.cached_property
+    def text_key(self) -> bytes:
+        """A digest of what the message says apart from its pictures: its role, and in order each item's kind,
+        text, field template and values, and precompiled segment (digest and seam). Two messages with the same
+        key and the same images render to the same tokens (``mmkv.prompt.blocks`` keys blocks by it)."""
+        digest = hashlib.blake2b(self.role.encode(), digest_size=16)
+        for item in self.items:
+            if isinstance(item, ImageItem):
+                digest.update(b"\x00i")
+                continue
+            parts = [item.text, item.template or "", json.dumps(item.fields)]
+            if item.segment is not None:
+                parts += [item.segment.digest, str(item.seam)]
+            for part in parts:
+                raw = part.encode("utf-8", "surrogatepass")
+                digest.update(b"\x00t" + len(raw).to_bytes(8, "little") + raw)
+        return digest.digest()
 
 
 @dataclass(frozen=True)

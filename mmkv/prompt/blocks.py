@@ -4,19 +4,29 @@ A chat template such as Qwen-VL's renders a conversation as one chunk per messag
 each chunk depending only on its message and on whether it is the first. When that holds (``is_separable``
 probes the template once per processor) and every chunk begins with a control token (so no tokenisation crosses
 a message boundary), the prompt's ids are the concatenation of per-message blocks, and a block's positions are
-its own positions shifted by where it starts. ``LayoutBuilder`` keeps each message's block (messages are
-immutable, so a block stays valid as long as its message and its visible images do) and the previous turn's
-assembly, so a turn costs what changed: the new messages, the question, and a position shift of everything
-after the first changed message (a window slide). Templates that are not separable are rendered whole each
-turn (``mmkv.prompt.layout.full_layout``), with the same result.
+its own positions shifted by where it starts. Templates that are not separable are rendered whole each turn
+(``mmkv.prompt.layout.full_layout``), with the same result.
 
-Example: turn 100 of a conversation re-renders only its last user message (with the question joined) and the
-generation prompt; the 300 messages before it are reused as tensors, ids and positions alike.
+``LayoutBuilder`` keeps two caches, both by **content**, so they serve a session's next turn and a server's
+next request alike (a server's request is a new ``Conversation`` whose messages merely say the same things):
+
+- **blocks** by message key (``Message.text_key``, the digests of its shown images, first or not): a message
+  seen before, in any conversation, is not rendered or tokenised again;
+- **assemblies** (a turn's messages laid out back to back) by the chained key of every message prefix (each
+  link also holds the message's image numbers): a turn that begins with the messages of an earlier turn takes
+  that turn's ids, positions and pieces as they are and lays out only what follows.
+
+So a turn costs what is new in it: its new messages' blocks, a position shift of what follows the first changed
+message (a window slide), and the question. Example: request 40 of an agent resending its history re-renders
+its last message only and takes the 80 messages before it from request 39's assembly as tensors.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -36,35 +46,42 @@ from .message import Block, NotIncremental, generation_block, message_block
 
 __all__ = ["Block", "LayoutBuilder", "lay_out"]
 
+MAX_BLOCKS = 8192  # message blocks kept (LRU)
+MAX_ASSEMBLIES = 64  # turns' assemblies kept (LRU): a server's recent conversations
+
 
 @dataclass(frozen=True)
 class _Assembly:
-    """The previous turn's messages laid out (without the generation prompt), so the next turn reuses its prefix.
-    Every list has one entry per message boundary (``len(messages) + 1``) unless said otherwise."""
+    """One turn's messages laid out (without the generation prompt). Lists indexed by message boundary have
+    ``len(messages) + 1`` entries."""
 
-    messages: list[Message]  # one per message
-    shown: list[tuple[bool, ...]]  # per message: which of its images were visible
-    token_starts: list[int]  # token index where each message's block starts (+ the end)
-    slot_starts: list[int]  # position where each block starts (+ the end)
-    image_starts: list[int]  # images before each block (+ all)
+    chain: tuple[bytes, ...]  # chained key after each message
+    keys: tuple[bytes, ...]  # each message's block key
+    token_starts: tuple[int, ...]  # token index where each message's block starts (+ the end)
+    slot_starts: tuple[int, ...]  # position where each block starts (+ the end)
+    image_starts: tuple[int, ...]  # prompt images before each block (+ all)
     token_ids: torch.Tensor  # (L,) the messages' ids
     positions: torch.Tensor  # (3, L)
-    pieces: list[PromptPiece]  # merged text runs and images over the messages
-    image_order: list[int]  # conversation image index of each image, in prompt order
+    pieces: tuple[PromptPiece, ...]  # text runs (merged across messages) and images
+    image_order: tuple[int, ...]  # conversation image index of each prompt image
 
 
 class LayoutBuilder:
-    """Builds each turn's ``PromptLayout`` for one session, reusing the blocks of unchanged messages and the
-    previous turn's assembly. Holds no conversation state beyond those caches; not thread-safe."""
+    """Builds each turn's ``PromptLayout`` from cached message blocks and earlier assemblies (see the module
+    docstring). Holds no conversation state; thread-safe (one lock around its caches); one may serve many
+    conversations (the server keeps one)."""
 
     def __init__(self, handle: ModelHandle) -> None:
         self.handle = handle
         self.incremental = is_separable(handle.processor)  # False: every turn is rendered whole
         self._templates = templates_of(handle.processor) if self.incremental else None
         self._verbatim = self.incremental and is_verbatim(handle.processor)  # chunks by structure, unchecked
-        self._blocks: dict[tuple, tuple[Message, Block]] = {}  # key -> (the message, kept alive; its block)
-        self._previous: _Assembly | None = None
+        self._blocks: OrderedDict[bytes, Block] = OrderedDict()  # message key -> block
+        self._assemblies: OrderedDict[int, _Assembly] = OrderedDict()  # id -> assembly, LRU
+        self._prefixes: dict[bytes, tuple[int, int]] = {}  # chained key -> (assembly id, messages it covers)
         self._generation: Block | None = None
+        self._lock = threading.RLock()
+        self.blocks_rendered = 0  # message blocks rendered so far (the rest came from the cache)
 
     def build(
         self,
@@ -77,14 +94,15 @@ class LayoutBuilder:
         history_start: int = 0,
     ) -> PromptLayout:
         """The layout of ``conversation`` this turn (see ``lay_out``), equal to rendering it whole, built from
-        what changed. Changes nothing but this builder's caches."""
+        what is new. Changes nothing but this builder's caches."""
         if self.incremental:
             try:
-                return self._assemble(
-                    conversation, question, add_generation_prompt, window, trace, history_start
-                )
+                with self._lock:
+                    return self._assemble(
+                        conversation, question, add_generation_prompt, window, trace, history_start
+                    )
             except NotIncremental:
-                self._previous = None
+                pass
         return full_layout(
             self.handle, conversation, question=question, add_generation_prompt=add_generation_prompt,
             window=window, trace=trace, history_start=history_start,
@@ -108,9 +126,7 @@ class LayoutBuilder:
             layout = self.build(conversation, history_start=history_start, **options)
         return layout, history_start
 
-    def _assemble(
-        self, conversation, question, add_generation_prompt, window, trace, history_start
-    ) -> PromptLayout:
+    def _assemble(self, conversation, question, add_generation_prompt, window, trace, history_start):
         visible = conversation.visible_images(window)
         messages = conversation.prompt_messages(history_start)
         if question is not None:
@@ -119,111 +135,124 @@ class LayoutBuilder:
                 messages[-1] = Message("user", (*messages[-1].items, item))
             else:
                 messages.append(Message("user", (item,)))
-        # 1. the leading messages unchanged since the previous turn (same objects, same images shown)
-        previous, same = self._previous, 0
-        if previous is not None:
-            limit = min(len(messages), len(previous.messages))
-            while same < limit and messages[same] is previous.messages[same]:
-                if messages[same].image_indices and _shown(messages[same], visible) != previous.shown[same]:
-                    break
-                same += 1
-        if previous is None or same == 0:
+        # 1. every message's key, and the chained key of every prefix
+        shown = [tuple(i for i in m.image_indices if i in visible) for m in messages]
+        keys, chain, link = [], [], b""
+        for index, (message, images) in enumerate(zip(messages, shown, strict=True)):
+            key = _message_key(message, index == 0, images, conversation)
+            link = hashlib.blake2b(link + key + repr(images).encode(), digest_size=16).digest()
+            keys.append(key)
+            chain.append(link)
+        # 2. the longest prefix an earlier turn laid out already
+        same, previous = 0, None
+        for count in range(len(messages), 0, -1):
+            found = self._prefixes.get(chain[count - 1])
+            if found is not None and found[0] in self._assemblies:
+                previous, same = self._assemblies[found[0]], found[1]
+                self._assemblies.move_to_end(found[0])
+                break
+        if previous is None:
             token_starts, slot_starts, image_starts, ids, positions = [0], [0], [0], [], []
             pieces: list = []
             order: list[int] = []
         else:
             boundary = previous.token_starts[same]
-            token_starts = previous.token_starts[: same + 1]
-            slot_starts, image_starts = previous.slot_starts[: same + 1], previous.image_starts[: same + 1]
+            token_starts = list(previous.token_starts[: same + 1])
+            slot_starts, image_starts = list(previous.slot_starts[: same + 1]), list(previous.image_starts[: same + 1])
             ids, positions = [previous.token_ids[:boundary]], [previous.positions[:, :boundary]]
             cut = bisect.bisect_right(previous.pieces, boundary, key=lambda piece: piece.end)
-            pieces = previous.pieces[:cut]
+            pieces = list(previous.pieces[:cut])
             if cut < len(previous.pieces) and previous.pieces[cut].begin < boundary:  # a text run crossing it
                 crossing = previous.pieces[cut]
                 pieces.append(("text", crossing.begin, boundary - crossing.begin, None, None))
-            order = previous.image_order[: image_starts[-1]]
-        # 2. the rest, block by block, after it
-        shown = [] if previous is None else previous.shown[:same]
+            order = list(previous.image_order[: image_starts[-1]])
+        # 3. the rest, block by block, after it
+        blocks = {}
         for index in range(same, len(messages)):
-            message, shows = messages[index], _shown(messages[index], visible)
-            block = self._block(message, (id(message), index == 0, shows), conversation, visible)
-            shown.append(shows)
-            _append_block(block, token_starts, slot_starts, ids, positions, pieces)
-            order += block.image_order
+            block = blocks[index] = self._block(messages[index], keys[index], index == 0, shown[index], conversation)
+            _append_block(block, len(order), token_starts, slot_starts, ids, positions, pieces)
+            order += shown[index]
             image_starts.append(len(order))
         message_ids = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.long)
         message_positions = torch.cat(positions, dim=1) if positions else torch.zeros(3, 0, dtype=torch.long)
-        pieces = _materialise(pieces, message_ids, image_starts[same] if same else 0)
-        self._previous = _Assembly(
-            messages,
-            shown,
-            token_starts,
-            slot_starts,
-            image_starts,
-            message_ids,
-            message_positions,
-            pieces,
-            order,
-        )
-        if len(self._blocks) > 2 * len(messages) + 16:  # drop blocks of messages gone from the conversation
-            kept = {id(m) for m in messages}
-            self._blocks = {k: v for k, v in self._blocks.items() if k[0] in kept}
-        # 3. the generation prompt, and the layout
+        pieces = _materialise(pieces, message_ids)
+        if same < len(messages):
+            self._remember(_Assembly(
+                tuple(chain), tuple(keys), tuple(token_starts), tuple(slot_starts), tuple(image_starts),
+                message_ids, message_positions, tuple(pieces), tuple(order),
+            ))  # fmt: skip
+        # 4. the generation prompt, and the layout
         token_ids, all_positions, all_pieces = message_ids, message_positions, list(pieces)
         if add_generation_prompt:
             generation = self._generation_block()
             start = token_starts[-1]
             token_ids = torch.cat([message_ids, generation.token_ids])
             all_positions = torch.cat([message_positions, generation.positions + slot_starts[-1]], dim=1)
-            tail = [
-                (kind, begin + start, length, grid, image)
-                for kind, begin, length, grid, image in generation.pieces
-            ]
+            tail = [(kind, begin + start, length, grid, None) for kind, begin, length, grid, _ in generation.pieces]
             if all_pieces and all_pieces[-1].kind == "text" and tail and tail[0][0] == "text":
                 last = all_pieces.pop()
                 tail[0] = ("text", last.begin, last.length + tail[0][2], None, None)
-            all_pieces += _materialise(tail, token_ids, len(order))
+            all_pieces += _materialise(tail, token_ids)
         item_spans = field_spans = None
         anchors: tuple[SegmentAnchor, ...] = ()
         if trace:
-            blocks = [self._blocks[(id(m), i == 0, shown[i])][1] for i, m in enumerate(messages)]
-            if add_generation_prompt:
-                blocks.append(self._generation_block())
             item_spans, field_spans, found = {}, {}, []
-            for block, start in zip(blocks, token_starts, strict=False):
-                item_spans |= {k: (b + start, e + start) for k, (b, e) in block.item_spans.items()}
+            for index, message in enumerate(messages):
+                block = blocks.get(index) or self._block(message, keys[index], index == 0, shown[index], conversation)
+                start, items = token_starts[index], [i for i in message.items if isinstance(i, TextItem)]
+                item_spans |= {items[k].item_id: (b + start, e + start) for k, (b, e) in block.item_spans.items()}
                 field_spans |= {k: (b + start, e + start) for k, (b, e) in block.field_spans.items()}
-                found += [SegmentAnchor(a.begin + start, a.segment, a.seam) for a in block.segments]
+                found += [SegmentAnchor(b + start, items[k].segment, items[k].seam) for b, k in block.segments]
             anchors = tuple(found)
         digests = tuple(conversation.images[i].digest for i in order)
         return PromptLayout(
-            token_ids,
-            all_positions,
-            tuple(all_pieces),
-            tuple(order),
-            item_spans,
-            field_spans,
-            anchors,
-            digests,
+            token_ids, all_positions, tuple(all_pieces), tuple(order), item_spans, field_spans, anchors, digests
         )
 
-    # ------------------------------------------------------------------------------------------------ blocks
-    def _block(self, message: Message, key: tuple, conversation: Conversation, visible: range) -> Block:
-        held = self._blocks.get(key)
-        if held is not None and held[0] is message:
-            return held[1]
-        shown = Message(
-            message.role,
-            tuple(i for i in message.items if not isinstance(i, ImageItem) or i.image_index in visible),
+    # ------------------------------------------------------------------------------------------------ caches
+    def _block(self, message: Message, key: bytes, first: bool, shown: tuple[int, ...], conversation) -> Block:
+        """The block of ``message`` with its ``shown`` images (cached by ``key``)."""
+        block = self._blocks.get(key)
+        if block is not None:
+            self._blocks.move_to_end(key)
+            return block
+        visible = Message(
+            message.role, tuple(i for i in message.items if not isinstance(i, ImageItem) or i.image_index in shown)
         )
-        block = message_block(self.handle, self._templates, self._verbatim, shown, key[1], conversation)
-        self._blocks[key] = (message, block)
+        grids = [conversation.images[i].grid for i in shown]
+        block = message_block(self.handle, self._templates, self._verbatim, visible, first, grids)
+        self.blocks_rendered += 1
+        self._blocks[key] = block
+        if len(self._blocks) > MAX_BLOCKS:
+            self._blocks.popitem(last=False)
         return block
+
+    def _remember(self, assembly: _Assembly) -> None:
+        """Keep ``assembly`` (most recent) and index every prefix of it; drop the least recently used beyond
+        ``MAX_ASSEMBLIES``."""
+        number = id(assembly)
+        self._assemblies[number] = assembly
+        for count, link in enumerate(assembly.chain, start=1):
+            self._prefixes[link] = (number, count)
+        while len(self._assemblies) > MAX_ASSEMBLIES:
+            old_number, old = self._assemblies.popitem(last=False)
+            for link in old.chain:
+                if self._prefixes.get(link, (None,))[0] == old_number:
+                    del self._prefixes[link]
 
     def _generation_block(self) -> Block:
         if self._generation is None:
             self._generation = generation_block(self.handle, self._templates.generation_suffix)
         return self._generation
+
+
+def _message_key(message: Message, first: bool, shown: tuple[int, ...], conversation: Conversation) -> bytes:
+    """What a message's block depends on: its text key, whether it is first, and which of its images show
+    (with their digests)."""
+    parts = [message.text_key, b"1" if first else b"0"]
+    for index in message.image_indices:
+        parts.append(conversation.images[index].digest.encode() if index in shown else b"-")
+    return hashlib.blake2b(b"\x00".join(parts), digest_size=16).digest()
 
 
 def lay_out(
@@ -248,14 +277,10 @@ def lay_out(
     )
 
 
-def _shown(message: Message, visible: range) -> tuple[bool, ...]:
-    """Which of ``message``'s images the window shows."""
-    return tuple(i in visible for i in message.image_indices)
-
-
-def _append_block(block: Block, token_starts, slot_starts, ids, positions, pieces) -> None:
-    """Lay ``block`` out after what ``token_starts``/``slot_starts`` end at (mutates the lists; pieces as light
-    tuples, a text run merged with the previous one when they touch)."""
+def _append_block(block: Block, first_image: int, token_starts, slot_starts, ids, positions, pieces) -> None:
+    """Lay ``block`` out after what ``token_starts``/``slot_starts`` end at, its images numbered in the prompt
+    from ``first_image`` (mutates the lists; pieces as light tuples, a text run merged with the previous one
+    when they touch)."""
     start, slot = token_starts[-1], slot_starts[-1]
     ids.append(block.token_ids)
     positions.append(block.positions + slot)
@@ -266,7 +291,7 @@ def _append_block(block: Block, token_starts, slot_starts, ids, positions, piece
         if kind == "text" and last_kind == "text" and last_end == begin:
             pieces[-1] = ("text", last_begin, begin + length - last_begin, None, None)
         else:
-            pieces.append((kind, begin, length, grid, image))
+            pieces.append((kind, begin, length, grid, None if image is None else first_image + image))
     token_starts.append(start + int(block.token_ids.shape[0]))
     slot_starts.append(slot + block.num_slots)
 
@@ -280,17 +305,14 @@ def _span(piece) -> tuple[str, int, int]:
     )
 
 
-def _materialise(pieces: list, ids: torch.Tensor, first_image: int) -> list[PromptPiece]:
-    """``pieces`` with every light tuple turned into a ``PromptPiece`` (ids a view of ``ids``; images numbered
-    from ``first_image`` in order); ``PromptPiece`` s already made are kept as they are."""
-    out, image = [], first_image
+def _materialise(pieces: list, ids: torch.Tensor) -> list[PromptPiece]:
+    """``pieces`` with every light tuple ``(kind, begin, length, grid, prompt image number)`` turned into a
+    ``PromptPiece`` (ids a view of ``ids``); ``PromptPiece`` s already made are kept as they are."""
+    out = []
     for piece in pieces:
         if not isinstance(piece, tuple):
             out.append(piece)
             continue
-        kind, begin, length, grid, _ = piece
-        number = None
-        if kind == "image":
-            number, image = image, image + 1
+        kind, begin, length, grid, number = piece
         out.append(PromptPiece(kind, ids[begin : begin + length], number, grid, begin))
     return out

@@ -15,6 +15,8 @@ message before a first message that is not one). Two properties are probed once 
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import OrderedDict
 
 from ..conversation import ImageItem, Message
@@ -36,6 +38,7 @@ class Templates:
         self._anchor = render([_ANCHOR], add_generation_prompt=False)
         self.generation_suffix = render([_ANCHOR], add_generation_prompt=True)[len(self._anchor) :]
         self._structures: OrderedDict[tuple, str | None] = OrderedDict()
+        self._lock = threading.Lock()  # sessions on several threads may share one processor
 
     def chunk(self, message: dict, first: bool) -> str | None:
         """The text the template renders for ``message`` (as the first message or a later one), or None when
@@ -49,22 +52,39 @@ class Templates:
     def structure_chunk(self, message: Message, first: bool) -> str | None:
         """The marked chunk of ``message``'s structure (its role and the kinds of its items), rendered once."""
         key = (message.role, first, tuple(isinstance(i, ImageItem) for i in message.items))
-        if key in self._structures:
-            self._structures.move_to_end(key)
-            return self._structures[key]
+        with self._lock:
+            if key in self._structures:
+                self._structures.move_to_end(key)
+                return self._structures[key]
         chunk = self.chunk(render_views(message)[0], first)
-        self._structures[key] = chunk
-        if len(self._structures) > _STRUCTURES:
-            self._structures.popitem(last=False)
+        with self._lock:
+            self._structures[key] = chunk
+            if len(self._structures) > _STRUCTURES:
+                self._structures.popitem(last=False)
         return chunk
 
 
+_TEMPLATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # processor -> Templates
+_PROBED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # processor -> {"separable": bool, ...}
+_LOCK = threading.RLock()
+
+
 def templates_of(processor) -> Templates:
-    """The processor's ``Templates`` (made once, kept on the processor)."""
-    templates = getattr(processor, "_mmkv_templates", None)
-    if templates is None:
-        templates = processor._mmkv_templates = Templates(processor)
-    return templates
+    """The processor's ``Templates`` (made once per processor and kept beside it, never on it)."""
+    with _LOCK:
+        templates = _TEMPLATES.get(processor)
+        if templates is None:
+            templates = _TEMPLATES[processor] = Templates(processor)
+        return templates
+
+
+def _probed(processor, name: str, probe) -> bool:
+    """``probe(processor)``, worked out once per processor and kept beside it."""
+    with _LOCK:
+        facts = _PROBED.setdefault(processor, {})
+        if name not in facts:
+            facts[name] = probe(processor)
+        return facts[name]
 
 
 _PROBE = [
@@ -89,42 +109,39 @@ _AWKWARD_TEXTS = [  # what templates are known to rewrite: whitespace, think blo
 
 def is_separable(processor) -> bool:
     """Whether ``processor``'s chat template renders every probe conversation as the concatenation of
-    per-message chunks plus a generation suffix (cached on the processor)."""
-    cached = getattr(processor, "_mmkv_separable", None)
-    if cached is None:
-        templates = templates_of(processor)
-        cached = True
-        for probe in (_PROBE, _PROBE[1:], _PROBE[2:]):
-            for generation in (False, True):
-                chunks = [templates.chunk(m, i == 0) for i, m in enumerate(probe)]
-                if any(c is None for c in chunks):
-                    cached = False
-                    break
-                expected = processor.apply_chat_template(probe, add_generation_prompt=generation)
-                joined = "".join(chunks) + (templates.generation_suffix if generation else "")
-                cached = cached and joined == expected
-        processor._mmkv_separable = cached
-    return cached
+    per-message chunks plus a generation suffix (probed once per processor)."""
+    return _probed(processor, "separable", _probe_separable)
+
+
+def _probe_separable(processor) -> bool:
+    templates = templates_of(processor)
+    for probe in (_PROBE, _PROBE[1:], _PROBE[2:]):
+        chunks = [templates.chunk(m, i == 0) for i, m in enumerate(probe)]
+        if any(c is None for c in chunks):
+            return False
+        for generation in (False, True):
+            expected = processor.apply_chat_template(probe, add_generation_prompt=generation)
+            if "".join(chunks) + (templates.generation_suffix if generation else "") != expected:
+                return False
+    return True
 
 
 def is_verbatim(processor) -> bool:
     """Whether the chat template renders each of a set of awkward texts exactly as given, in every role, first
-    or later, next to an image or not (cached on the processor)."""
-    cached = getattr(processor, "_mmkv_verbatim", None)
-    if cached is None:
-        templates = templates_of(processor)
-        cached = True
-        for role in ("system", "user", "assistant"):
-            for text in _AWKWARD_TEXTS:
-                for with_image in (False, True):
-                    items = [{"type": "image"}] if with_image and role == "user" else []
-                    marked = {"role": role, "content": [*items, {"type": "text", "text": _MARK.format(0)}]}
-                    direct = {"role": role, "content": [*items, {"type": "text", "text": text}]}
-                    for first in (True, False):
-                        chunk = templates.chunk(marked, first)
-                        if chunk is None or chunk.replace(_MARK.format(0), text) != templates.chunk(
-                            direct, first
-                        ):
-                            cached = False
-        processor._mmkv_verbatim = cached
-    return cached
+    or later, next to an image or not (probed once per processor)."""
+    return _probed(processor, "verbatim", _probe_verbatim)
+
+
+def _probe_verbatim(processor) -> bool:
+    templates = templates_of(processor)
+    for role in ("system", "user", "assistant"):
+        for text in _AWKWARD_TEXTS:
+            for with_image in (False, True):
+                items = [{"type": "image"}] if with_image and role == "user" else []
+                marked = {"role": role, "content": [*items, {"type": "text", "text": _MARK.format(0)}]}
+                direct = {"role": role, "content": [*items, {"type": "text", "text": text}]}
+                for first in (True, False):
+                    chunk = templates.chunk(marked, first)
+                    if chunk is None or chunk.replace(_MARK.format(0), text) != templates.chunk(direct, first):
+                        return False
+    return True

@@ -1,5 +1,10 @@
 """One message's block: its share of a prompt, rendered, tokenised (text only ever as text) and laid out from
-position 0, so that ``mmkv.prompt.blocks`` can assemble a turn's layout from the blocks of its messages."""
+position 0, so that ``mmkv.prompt.blocks`` can assemble a turn's layout from the blocks of its messages.
+
+A block depends on the message's content alone (its role, its texts, the grids of its shown images, whether it
+is the prompt's first message), never on the conversation it came from: images are numbered within the message
+and text items by their order in it, so one block serves every conversation that holds the same message (the
+server's requests, each a new conversation, resending the same history)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,6 @@ from ..conversation import Message, TextItem
 from ..kv.spans import image_span, text_span
 from ..model.handle import ModelHandle
 from .chunks import Templates
-from .layout import SegmentAnchor
 from .render import _control_pattern, collect_spans, encode_parts, render_views, split_marked
 
 __all__ = ["Block", "NotIncremental", "generation_block", "message_block"]
@@ -24,11 +28,12 @@ class Block:
     token_ids: torch.Tensor  # (n,) long
     positions: torch.Tensor  # (3, n) long, relative to the block's first position
     num_slots: int  # position slots it occupies (the next block starts this much later)
-    pieces: tuple[tuple, ...]  # (kind, begin relative, length, grid, conversation image index) per piece
-    image_order: tuple[int, ...]  # conversation image index of each of its images
-    item_spans: dict[int, tuple[int, int]]  # item_id -> token span, relative
+    pieces: tuple[tuple, ...]  # (kind, begin relative, length, grid, k: its k-th shown image) per piece
+    num_images: int  # images it shows
+    item_spans: dict[int, tuple[int, int]]  # k -> token span of its k-th text item, relative
     field_spans: dict[str, tuple[int, int]]  # field -> token span of its value, relative
-    segments: tuple[SegmentAnchor, ...]  # precompiled segments it holds exactly (begin relative)
+    segments: tuple[tuple[int, int], ...]  # (begin relative, k) of each precompiled segment held exactly by
+    # its k-th text item
 
 
 class NotIncremental(Exception):
@@ -40,7 +45,7 @@ def generation_block(handle: ModelHandle, suffix: str) -> Block:
     """The block of the generation prompt (``suffix``, e.g. ``<|im_start|>assistant``)."""
     _check_starts_with_control(handle, suffix)
     ids, _ = encode_parts(handle.processor, [(suffix, True)])
-    return _layout_block(handle, ids, None, (), ({}, {}), ())
+    return _layout_block(handle, ids, (), ({}, {}), ())
 
 
 def _check_starts_with_control(handle: ModelHandle, text: str) -> None:
@@ -49,12 +54,12 @@ def _check_starts_with_control(handle: ModelHandle, text: str) -> None:
 
 
 def message_block(
-    handle: ModelHandle, templates: Templates, verbatim: bool, message: Message, first: bool, conversation
+    handle: ModelHandle, templates: Templates, verbatim: bool, message: Message, first: bool, grids
 ) -> Block:
-    """The block of ``message`` (the first of its prompt or a later one; its images are ``conversation``'s):
-    its chunk from the template (per structure when ``verbatim``, else checked against a rendering with its
-    texts), tokenised with text as text and pads inserted. Raises ``NotIncremental`` where the template
-    cannot be taken apart this way."""
+    """The block of ``message`` (the first of its prompt or a later one; ``grids``: the vision grid of each of
+    its image items, in order): its chunk from the template (per structure when ``verbatim``, else checked
+    against a rendering with its texts), tokenised with text as text and pads inserted. Raises
+    ``NotIncremental`` where the template cannot be taken apart this way."""
     items = [i for i in message.items if isinstance(i, TextItem)]
     chunk = templates.structure_chunk(message, first)
     direct_chunk = None if verbatim else templates.chunk(render_views(message)[1], first)
@@ -64,31 +69,31 @@ def message_block(
     parts, tags = split_marked(chunk, items)
     if not verbatim and "".join(text for text, _ in parts) != direct_chunk:
         raise NotIncremental  # the template rewrites this message's text
-    order = message.image_indices
-    counts = [handle.position_rule.num_image_tokens(conversation.images[i].grid) for i in order]
+    counts = [handle.position_rule.num_image_tokens(grid) for grid in grids]
     ids, spans = encode_parts(handle.processor, parts, offsets=True, pad_counts=counts)
-    item_spans, field_spans = collect_spans(tags, spans)
+    by_id, field_spans = collect_spans(tags, spans)
+    ordinal = {item.item_id: k for k, item in enumerate(items)}
+    item_spans = {ordinal[item_id]: span for item_id, span in by_id.items()}
     anchors = []
-    for item in items:
-        if item.segment is not None and item.item_id in item_spans:
-            begin, end = item_spans[item.item_id]
+    for k, item in enumerate(items):
+        if item.segment is not None and k in item_spans:
+            begin, end = item_spans[k]
             if torch.equal(ids[begin:end], item.segment.token_ids):
-                anchors.append(SegmentAnchor(begin, item.segment, item.seam))
-    return _layout_block(handle, ids, conversation, order, (item_spans, field_spans), tuple(anchors))
+                anchors.append((begin, k))
+    return _layout_block(handle, ids, tuple(grids), (item_spans, field_spans), tuple(anchors))
 
 
-def _layout_block(handle: ModelHandle, ids, conversation, order, spans, anchors) -> Block:
-    """The block of ``ids`` (its images, in ``order``, already expanded): pieces and positions from 0, laid
-    out directly (each image's pad run is where its markers say)."""
+def _layout_block(handle: ModelHandle, ids, grids, spans, anchors) -> Block:
+    """The block of ``ids`` (its images, of ``grids``, already expanded): pieces and positions from 0, laid out
+    directly (each image's pad run is where its markers say)."""
     proc, n = handle.processor, int(ids.shape[0])
-    grids = [conversation.images[i].grid for i in order]
     pieces, parts, cursor, position = [], [], 0, 0
     if grids:
         is_pad = ids == proc.image_token_id
         runs = (is_pad & ~torch.cat([is_pad.new_zeros(1), is_pad[:-1]])).nonzero().flatten().tolist()
         if len(runs) != len(grids):
             raise NotIncremental
-        for first_pad, grid, image in zip(runs, grids, order, strict=True):
+        for image, (first_pad, grid) in enumerate(zip(runs, grids, strict=True)):
             begin, span_ids, span_positions = first_pad - 1, *image_span(handle, grid, 0)
             end = begin + int(span_ids.shape[0])
             if begin < cursor or end > n or not torch.equal(ids[begin:end], span_ids):
@@ -106,4 +111,4 @@ def _layout_block(handle: ModelHandle, ids, conversation, order, spans, anchors)
         parts.append(text_span(ids[cursor:], position)[1])
         position += n - cursor
     positions = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
-    return Block(ids, positions, position, tuple(pieces), tuple(order), spans[0], spans[1], anchors)
+    return Block(ids, positions, position, tuple(pieces), len(grids), spans[0], spans[1], anchors)

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import bisect
 import re
+import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -56,16 +58,42 @@ class RenderedPrompt:
     # (both None when not traced, or when the chat template rewrites message text so spans cannot be traced)
 
 
+@dataclass(frozen=True, eq=False)
+class _TokenizerFacts:
+    """What rendering needs of one processor's tokenizer, worked out once and kept beside it (never on it)."""
+
+    added_vocab: dict[str, int]  # added token -> id
+    control: re.Pattern  # matches any added token, longest first
+    plain: object | None  # a private copy of the fast backend that splits special-token strings into text
+
+
+_FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # processor -> _TokenizerFacts
+_FACTS_LOCK = threading.Lock()
+
+
+def _facts(processor) -> _TokenizerFacts:
+    """The processor's ``_TokenizerFacts`` (made once per processor, thread-safe; the processor is not
+    changed)."""
+    facts = _FACTS.get(processor)
+    if facts is None:
+        with _FACTS_LOCK:
+            facts = _FACTS.get(processor)
+            if facts is None:
+                vocab = processor.tokenizer.get_added_vocab()
+                tokens = sorted(vocab, key=len, reverse=True)
+                pattern = re.compile("|".join(re.escape(t) for t in tokens)) if tokens else re.compile(r"(?!x)x")
+                backend = getattr(processor.tokenizer, "backend_tokenizer", None)
+                plain = None
+                if backend is not None:  # a copy whose special-token strings are split as text, always
+                    plain = type(backend).from_str(backend.to_str())
+                    plain.encode_special_tokens = True
+                facts = _FACTS[processor] = _TokenizerFacts(vocab, pattern, plain)
+    return facts
+
+
 def _control_pattern(processor) -> re.Pattern:
-    """A regex matching any added token of the processor's tokenizer (longest first), cached on it."""
-    pattern = getattr(processor, "_mmkv_control_pattern", None)
-    if pattern is None:
-        vocab = processor.tokenizer.get_added_vocab()
-        tokens = sorted(vocab, key=len, reverse=True)
-        pattern = re.compile("|".join(re.escape(t) for t in tokens)) if tokens else re.compile(r"(?!x)x")
-        processor._mmkv_added_vocab = vocab  # added token -> id
-        processor._mmkv_control_pattern = pattern
-    return pattern
+    """A regex matching any added token of the processor's tokenizer (longest first)."""
+    return _facts(processor).control
 
 
 def encode_parts(
@@ -83,8 +111,8 @@ def encode_parts(
     overlap its characters); ``spans`` is None unless ``offsets``. Raises ``ValueError`` when the template's
     image placeholders do not match ``pad_counts``.
     """
-    control = _control_pattern(processor)
-    vocab = processor._mmkv_added_vocab  # filled in with the pattern
+    facts = _facts(processor)
+    control, vocab = facts.control, facts.added_vocab
     pad, counts = processor.image_token_id, list(pad_counts or [])
     units: list = []  # a list of control ids, or [run text, [(part index, char begin, char end), ...]]
     placeholders = 0
@@ -109,7 +137,7 @@ def encode_parts(
             f"the template rendered {placeholders} image placeholders but {len(counts)} images were given"
         )
     runs = [u for u in units if isinstance(u, list)]
-    encoded = _encode_plain(processor.tokenizer, [run[0] for run in runs], offsets)
+    encoded = _encode_plain(processor.tokenizer, facts.plain, [run[0] for run in runs], offsets)
     ids: list[int] = []
     spans: dict[int, tuple[int, int]] = {}
     run_index = 0
@@ -132,20 +160,15 @@ def encode_parts(
     return torch.tensor(ids, dtype=torch.long), (spans if offsets else None)
 
 
-def _encode_plain(tokenizer, texts: list[str], offsets: bool) -> dict[str, list]:
+def _encode_plain(tokenizer, plain, texts: list[str], offsets: bool) -> dict[str, list]:
     """``input_ids`` (and ``offset_mapping``) of each text, special-token strings split into ordinary tokens.
-    A fast tokenizer's backend encodes each text alone (no thread pool for a handful of short texts)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    ``plain`` (a private copy of a fast tokenizer's backend made to split them) encodes each text alone (no
+    thread pool for a handful of short texts); without one, the tokenizer is asked to split them per call."""
+    if plain is None:
         return tokenizer(
             texts or [""], add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=offsets
         )
-    saved = backend.encode_special_tokens
-    backend.encode_special_tokens = True  # as tokenizer(..., split_special_tokens=True) does for one call
-    try:
-        encodings = [backend.encode(text, add_special_tokens=False) for text in texts]
-    finally:
-        backend.encode_special_tokens = saved
+    encodings = [plain.encode(text, add_special_tokens=False) for text in texts]
     return {"input_ids": [e.ids for e in encodings], "offset_mapping": [e.offsets for e in encodings]}
 
 
