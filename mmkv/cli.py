@@ -96,6 +96,7 @@ def _serve_parser(sub) -> None:
 
 
 def _serve(args) -> None:
+    from .runtime import TurnPolicy
     from .serve import ServerConfig, serve
 
     serve(
@@ -105,8 +106,7 @@ def _serve(args) -> None:
             host=args.host,
             port=args.port,
             stores=tuple(args.store),
-            reuse=args.reuse,
-            seam=args.seam,
+            policy=TurnPolicy(args.reuse, args.seam),
             allowed_media_domains=tuple(args.allowed_media_domains),
             allowed_local_media_path=args.allowed_local_media_path,
             max_queue=args.max_queue,

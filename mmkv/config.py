@@ -3,7 +3,7 @@ checks every public call shares (each error names the argument and what it takes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
 
 from .cache import EncoderStore, KVStore
 from .conversation import check_text
@@ -48,31 +48,53 @@ def check_stores(store, encoder_store) -> tuple[KVStore, EncoderStore]:
     return store, encoder_store
 
 
+_POLICY_FIELDS = frozenset(f.name for f in fields(TurnPolicy))
+
+
 @dataclass(frozen=True)
 class SessionConfig:
-    """How a session reuses work. Validated on construction."""
+    """How a session reuses work (its ``TurnPolicy``) and what it bounds. Validated on construction.
 
-    reuse: ReusePolicy = "kv"  # "kv" (splice cached KV), "encoder" (cached vision outputs), "none"
-    seam: int = 1  # kv: leading tokens of a spliced image recomputed in context (0: pure splice)
+    ``SessionConfig.of(reuse="kv", seam=1, window=4)`` builds one from flat settings (the policy's and the
+    session's alike); ``config.replaced(reuse="none")`` changes some."""
+
+    policy: TurnPolicy = field(default_factory=TurnPolicy)  # reuse, seam, rotation (the per-turn settings)
     window: int | None = None  # keep only the last N images in the prompt (None: all)
-    rotate: bool = True  # kv: re-rotate spliced keys (False only for the no-rotation control)
-    rotate_axes: tuple[int, ...] = (0, 1, 2)  # kv: axes re-rotated; (0,) is the temporal-only ablation
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger inputs (decompression bombs)
-    max_prompt_tokens: int | None = (
-        None  # token budget of the prompt: oldest turns dropped to fit (None: none)
-    )
+    max_prompt_tokens: int | None = None  # token budget of the prompt: oldest turns dropped to fit (None: none)
 
     def __post_init__(self) -> None:
-        self.policy  # noqa: B018 (validates reuse, seam, rotate_axes)
+        if not isinstance(self.policy, TurnPolicy):
+            raise TypeError(f"policy must be an mmkv.runtime.TurnPolicy, got {type(self.policy).__name__}")
         if self.window is not None:
             check_int(self.window, "window", 1)
-        if not isinstance(self.rotate, bool):
-            raise ValueError(f"rotate must be a bool, got {self.rotate!r}")
         check_int(self.max_image_pixels, "max_image_pixels", 1)
         if self.max_prompt_tokens is not None:
             check_int(self.max_prompt_tokens, "max_prompt_tokens", 1)
 
+    @classmethod
+    def of(cls, **settings) -> SessionConfig:
+        """A config from flat settings: ``TurnPolicy`` fields (``reuse``, ``seam``, ``rotate``, ...) and this
+        class's own; ``TypeError`` naming an unknown one."""
+        return cls().replaced(**settings)
+
+    def replaced(self, **settings) -> SessionConfig:
+        """This config with some flat settings changed (see ``of``)."""
+        unknown = set(settings) - _POLICY_FIELDS - {f.name for f in fields(self)}
+        if unknown:
+            raise TypeError(f"unknown session setting(s) {sorted(unknown)}")
+        policy = {k: v for k, v in settings.items() if k in _POLICY_FIELDS}
+        own = {k: v for k, v in settings.items() if k not in _POLICY_FIELDS}
+        if "rotate_axes" in policy:
+            policy["rotate_axes"] = tuple(policy["rotate_axes"])
+        return replace(self, policy=replace(self.policy, **policy) if policy else self.policy, **own)
+
     @property
-    def policy(self) -> TurnPolicy:
-        """The per-turn reuse settings."""
-        return TurnPolicy(self.reuse, self.seam, self.rotate, tuple(self.rotate_axes))
+    def reuse(self) -> ReusePolicy:
+        """The policy's reuse level (read-only; see ``policy``)."""
+        return self.policy.reuse
+
+    @property
+    def seam(self) -> int:
+        """The policy's seam (read-only; see ``policy``)."""
+        return self.policy.seam

@@ -6,7 +6,7 @@ A thin facade over a ``Conversation`` (what was said), a ``LiveCache`` (the KV h
 prefix; 3. plan the rest (``plan_turn``: under ``kv`` stored images and cut-off or precompiled text are spliced,
 re-rotated, with ``seam`` tokens recomputed; ``encoder`` prefills from cached vision outputs; ``none`` computes
 all); 4. execute it (one forward call); 5. flush the store writes (after the first token); 6. decode
-(``generate``). A failed turn leaves the conversation as it was and the live cache empty. Splicing KV computed
+(``Decoder``). A failed turn leaves the conversation as it was and the live cache empty. Splicing KV computed
 after another prefix is an approximation the evals measure; re-rotation itself is exact.
 """
 
@@ -33,14 +33,15 @@ from .prompt.layout import PromptLayout
 from .runtime import (  # fmt: skip
     GREEDY,
     Answer,
-    AnswerText,
+    DecodeOptions,
+    Decoder,
     ImageReuse,
     LiveCache,
     PrefillStats,
     ReusePolicy,
     Sampling,
+    TokenConstraint,
     TurnSources,
-    generate,
     pad_features,
     prepare_image,
     replace_span,
@@ -68,18 +69,18 @@ class Session:
     threads: every public call holds the session's lock (calls take turns)."""
 
     def __init__(
-        self, model: ModelHandle, store: ImageKVStore | None = None, reuse: ReusePolicy = "kv", seam: int = 1,
+        self, handle: ModelHandle, store: ImageKVStore | None = None, reuse: ReusePolicy = "kv", seam: int = 1,
         window: int | None = None, *, encoder_store: EncoderStore | None = None, config: SessionConfig | None = None,
     ) -> None:  # fmt: skip
         """``store``/``encoder_store`` default to private in-memory stores; pass shared ones (optionally with a
         directory) to reuse images across sessions and processes. ``config`` overrides the keyword settings."""
-        self.model = model
-        self.config = config or SessionConfig(reuse=reuse, seam=seam, window=window)
+        self.handle = handle  # what mmkv.load returned: the model, its processor, family and fingerprint
+        self.config = config or SessionConfig.of(reuse=reuse, seam=seam, window=window)
         self.store, self.encoder_store = check_stores(store, encoder_store)
         self._lock = threading.RLock()
         self.conversation = Conversation()
-        self.live = LiveCache(model)
-        self.layouts = LayoutBuilder(model)  # each message rendered once, the previous turn's prefix reused
+        self.live = LiveCache(handle)
+        self.layouts = LayoutBuilder(handle)  # each message rendered once, the previous turn's prefix reused
         self._pixels = MemoryTier(256 << 20)  # preprocessed images, made at add_image (bounded: 256 MB)
         self.last_prefill = PrefillStats()  # what the latest ask / next_token_logits / prefill took
         self.last_answer: Answer | None = None  # the latest ask's or stream's answer
@@ -131,7 +132,8 @@ class Session:
         """Append an image (PIL image, path or bytes) to the current ``role`` message (user by default; a system
         message may hold images too); returns its digest. Raises an ``mmkv.ImageError`` /
         ``UnsupportedInputError`` for bad input, leaving the session unchanged."""
-        record = prepare_image(self.model, image, self.config, self.encoder_store, self._pixels)
+        record = prepare_image(self.handle, image, self.config.max_image_pixels, self.config.reuse,
+                               self.encoder_store, self._pixels)  # fmt: skip
         self.conversation.add_image(record, role)
         return record.digest
 
@@ -140,7 +142,7 @@ class Session:
         """A new session over the same model and stores with a copy of this conversation and an empty live
         cache; ``settings`` override this session's ``SessionConfig`` fields (e.g. ``reuse="none"``)."""
         other = Session(
-            self.model, self.store, encoder_store=self.encoder_store, config=replace(self.config, **settings)
+            self.handle, self.store, encoder_store=self.encoder_store, config=self.config.replaced(**settings)
         )
         other.conversation, other.history_start = self.conversation.fork(), self.history_start
         return other
@@ -153,46 +155,51 @@ class Session:
 
     # ------------------------------------------------------------------------------------------------ turns
     @_exclusive
-    def ask(self, question: str, max_new_tokens: int = 32, sampling: Sampling = GREEDY) -> Answer:
-        """Ask ``question`` as the user, decode the answer, append both to the conversation. On an error the
-        conversation is left as it was (the live cache is dropped and rebuilt next turn). Arguments are checked
-        first (``TypeError`` / ``ValueError`` naming the argument)."""
-        for _ in self.stream(question, max_new_tokens, sampling):
+    def ask(
+        self, question: str, max_new_tokens: int = 32, sampling: Sampling = GREEDY, *,
+        stops: Sequence[str] = (), logprobs: int | None = None, constraint: TokenConstraint | None = None,
+    ) -> Answer:  # fmt: skip
+        """Ask ``question`` as the user, decode the answer, append both to the conversation. ``stops`` end the
+        answer before the first of these strings; ``logprobs`` (0-20) adds the model's log-probabilities per
+        token; ``constraint`` keeps the answer within a grammar (``mmkv.runtime.grammar``: a JSON schema, a
+        tool call). On an error the conversation is left as it was (the live cache is dropped and rebuilt next
+        turn). Arguments are checked first (``TypeError`` / ``ValueError`` naming the argument)."""
+        for _ in self.stream(question, max_new_tokens, sampling, stops=stops, logprobs=logprobs,
+                             constraint=constraint):  # fmt: skip
             pass
         return self.last_answer
 
-    def stream(self, question: str, max_new_tokens: int = 32, sampling: Sampling = GREEDY) -> Iterator[str]:
+    def stream(
+        self, question: str, max_new_tokens: int = 32, sampling: Sampling = GREEDY, *,
+        stops: Sequence[str] = (), logprobs: int | None = None, constraint: TokenConstraint | None = None,
+    ) -> Iterator[str]:  # fmt: skip
         """``ask``, yielding the answer's text piece by piece as it is decoded (joined: ``Answer.text``); the
         ``Answer`` is ``last_answer`` once the iterator is exhausted. Holds the session's lock until then; an
         iterator closed early leaves the conversation as it was. Arguments are checked at the call."""
-        check_question(question), check_int(max_new_tokens, "max_new_tokens", 1), check_sampling(sampling)
-        return self._turn(question, max_new_tokens, sampling)
+        check_question(question), check_sampling(sampling)
+        options = DecodeOptions(check_int(max_new_tokens, "max_new_tokens", 1), sampling, tuple(stops), logprobs)
+        return self._turn(question, options, constraint)
 
-    def _turn(self, question: str, max_new_tokens: int, sampling: Sampling) -> Iterator[str]:
+    def _turn(self, question: str, options: DecodeOptions, constraint) -> Iterator[str]:
         with self._lock:
-            started, pieces, tokens = time.perf_counter(), [], []
-            text = AnswerText(self.model.tokenizer, emit=pieces.append)
+            started = time.perf_counter()
             with self.live.dropped_on_error(), torch.inference_mode():
                 logits, stats = self._bring_up_to_date(question)  # steps 1-5
                 ttft = time.perf_counter() - started
-                budget = min(max_new_tokens, self.model.max_positions - self.live.next_position + 1)
-                tokens_out = generate(self.model, self.live, logits, budget, sampling)  # 6. decode
+                decoder = Decoder(self.handle, self.live, logits, options, constraint=constraint)  # 6. decode
+                steps = iter(decoder)
             while True:
                 with self.live.dropped_on_error(), torch.inference_mode():
-                    token = next(tokens_out, None)
-                if token is None:
+                    step = next(steps, None)
+                if step is None:
                     break
-                tokens.append(token)
-                text.add(tokens)
-                yield from pieces
-                pieces.clear()
-            answer = text.finish()
-            yield from pieces
+                if step.delta:
+                    yield step.delta
             self.conversation.add_text(question, "user")
-            self.conversation.add_text(answer, "assistant")
+            self.conversation.add_text(decoder.text, "assistant")
             self.last_answer = Answer(
-                answer, tuple(tokens), ttft, time.perf_counter() - started, stats.prompt_tokens,
-                stats.prefilled, stats.reused, tuple(stats.images),
+                decoder.text, tuple(decoder.token_ids), decoder.finish_reason, ttft, time.perf_counter() - started,
+                stats, logprobs=tuple(decoder.logprobs) if options.logprobs is not None else None,
             )  # fmt: skip
 
     @_exclusive
@@ -264,7 +271,7 @@ class Session:
         )  # fmt: skip
         # 2-5. matching prefix, plan, execute, store writes
         logits, stats = run_turn(
-            self.model,
+            self.handle,
             self.live,
             layout,
             self.conversation.images,
@@ -283,7 +290,7 @@ class Session:
         """``mmkv.runtime.replace_span`` on this session's live cache (dropped if it fails)."""
         sources = self._sources(self.config.reuse)
         with self.live.dropped_on_error(), torch.inference_mode():
-            replace_span(self.model, self.live, layout, self.conversation.images, sources, begin, old_end,
+            replace_span(self.handle, self.live, layout, self.conversation.images, sources, begin, old_end,
                          new_end, extra, self.config.policy)  # fmt: skip
 
     @_exclusive
@@ -295,4 +302,4 @@ class Session:
         )
 
     def _sources(self, reuse: ReusePolicy) -> TurnSources:
-        return TurnSources(self.model, self.store, self.encoder_store, reuse, self._pixels)
+        return TurnSources(self.handle, self.store, self.encoder_store, reuse, self._pixels)

@@ -61,6 +61,8 @@ class TurnPolicy:
             raise ValueError(f"reuse must be 'kv', 'encoder' or 'none', got {self.reuse!r}")
         if isinstance(self.seam, bool) or not isinstance(self.seam, int) or self.seam < 0:
             raise ValueError(f"seam must be an int >= 0, got {self.seam!r}")
+        if not isinstance(self.rotate, bool):
+            raise ValueError(f"rotate must be a bool, got {self.rotate!r}")
         if not set(self.rotate_axes) <= {0, 1, 2}:
             raise ValueError(f"rotate_axes must be a subset of (0, 1, 2), got {self.rotate_axes}")
 

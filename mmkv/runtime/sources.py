@@ -48,19 +48,20 @@ def inputs_nbytes(inputs: ImageInputs) -> int:
 
 
 def prepare_image(
-    handle: ModelHandle, source: ImageSource, config, encoder_store: EncoderStore, pixels: MemoryTier
-) -> ConversationImage:
-    """``source`` (PIL image, path or bytes) normalised and keyed for ``handle``; unless its vision outputs are
-    stored already, also preprocessed into ``pixels`` now, so a turn that needs the vision tower does not pay
-    for it in its time to first token. ``config``: the session's (``max_image_pixels``, ``reuse``). Raises the
+    handle: ModelHandle, source: ImageSource, max_pixels: int, reuse: ReusePolicy, encoder_store: EncoderStore,
+    pixels: MemoryTier,
+) -> ConversationImage:  # fmt: skip
+    """``source`` (PIL image, path or bytes) normalised and keyed for ``handle`` (over ``max_pixels``: refused);
+    unless its vision outputs are stored already (and ``reuse`` reads stores), also preprocessed into ``pixels``
+    now, so a turn that needs the vision tower does not pay for it in its time to first token. Raises the
     ``mmkv.ImageError`` of a bad image."""
-    image = load_image(source, max_pixels=config.max_image_pixels)
+    image = load_image(source, max_pixels=max_pixels)
     processor = handle.processor
     record = ConversationImage(
         image, image_digest(image, processor, handle.fingerprint), processor.image_grid(image)
     )
     if record.digest not in pixels and (
-        config.reuse == "none" or not encoder_store.contains(record.digest, handle)
+        reuse == "none" or not encoder_store.contains(record.digest, handle)
     ):
         inputs = preprocess(handle, record)
         pixels.put(record.digest, inputs, inputs_nbytes(inputs))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import replace
 import time
 import uuid
 
@@ -24,11 +25,11 @@ from starlette.concurrency import run_in_threadpool
 
 from .. import __version__
 from ..errors import MmkvError
-from ..runtime import Sampling, TurnPolicy
+from ..runtime import DecodeOptions, Sampling
 from .engine import Engine
 from .media import MediaError
 from .schema import ChatCompletionRequest, error_body, validation_message
-from .worker import Job, QueueFull
+from .worker import Delta, Done, Failed, First, Job, QueueFull
 
 __all__ = ["ApiError", "create_app"]
 
@@ -94,15 +95,13 @@ def create_app(engine: Engine) -> FastAPI:
             status = 413 if "over the bound" in str(error) else 400
             return finish(ApiError(status, str(error), param="messages").response())
         options = body.mmkv
-        policy = TurnPolicy(
-            (options and options.reuse) or config.reuse,
-            config.seam if options is None or options.seam is None else options.seam,
-        )
+        overrides = {} if options is None else options.model_dump(exclude_none=True)
+        policy = replace(config.policy, **overrides)  # the server's policy, with this request's overrides
         limit = min(body.token_limit or config.max_tokens, config.max_tokens)
         sampling = Sampling(body.temperature, body.top_p, body.seed) if body.temperature > 0 else Sampling()
         loop = asyncio.get_running_loop()
-        job = Job(conversation, policy, sampling, limit, body.stop or [], loop, asyncio.Queue(),
-                  time.monotonic() + config.request_timeout_s)  # fmt: skip
+        options = DecodeOptions(limit, sampling, tuple(body.stop or ()))
+        job = Job(conversation, policy, options, loop, asyncio.Queue(), time.monotonic() + config.request_timeout_s)
         try:
             engine.worker.submit(job)
         except QueueFull:
@@ -169,38 +168,34 @@ class _Reply:
         self.model, self.job = model, job
         self.id, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
-    async def _event(self, request: Request, engine: Engine, started: bool) -> tuple:
-        """The next event; cancels the job when the client disconnects or the deadline passes."""
+    async def _event(self, request: Request, engine: Engine):
+        """The next event; cancels the job when the client disconnects or the deadline passes (then a
+        ``Failed`` with ``TimeoutError``, or None for a client gone)."""
         while True:
             try:
                 return await asyncio.wait_for(self.job.events.get(), timeout=0.25)
             except TimeoutError:
                 if time.monotonic() > self.job.deadline:
                     engine.worker.withdraw(self.job)
-                    return ("error", 504, "the request timed out", "timeout")
+                    return Failed(TimeoutError("the request timed out"))
                 if await request.is_disconnected():
                     engine.worker.withdraw(self.job)
-                    return ("gone",)
+                    return None
 
     async def whole(self, request: Request, engine: Engine) -> JSONResponse:
         while True:
-            event = await self._event(request, engine, False)
-            if event[0] == "gone":
+            event = await self._event(request, engine)
+            if event is None:
                 return JSONResponse(error_body("the client went away", "cancelled"), 499)
-            if event[0] == "error":
-                return ApiError(event[1], event[2], event[3]).response()
-            if event[0] == "done":
-                completion = event[1]
-                engine.record(completion)
-                message = {"role": "assistant", "content": completion.text}
-                choice = {
-                    "index": 0,
-                    "message": message,
-                    "finish_reason": completion.finish_reason,
-                    "logprobs": None,
-                }
+            if isinstance(event, Failed):
+                return _failure(event.error).response()
+            if isinstance(event, Done):
+                answer = event.answer
+                engine.record(answer)
+                message = {"role": "assistant", "content": answer.text}
+                choice = {"index": 0, "message": message, "finish_reason": answer.finish_reason, "logprobs": None}
                 body = {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                        "choices": [choice], "usage": engine.usage(completion), "mmkv": engine.extension(completion)}  # fmt: skip
+                        "choices": [choice], "usage": engine.usage(answer), "mmkv": engine.extension(answer)}  # fmt: skip
                 return JSONResponse(body)
 
     def _chunk(self, delta: dict, finish: str | None = None) -> str:
@@ -213,29 +208,38 @@ class _Reply:
         sent_role = False
         try:
             while True:
-                event = await self._event(request, engine, True)
-                kind = event[0]
-                if kind == "gone":
+                event = await self._event(request, engine)
+                if event is None:
                     return
-                if kind == "error":
-                    yield f"data: {json.dumps(error_body(event[2], event[3]))}\n\n"
+                if isinstance(event, Failed):
+                    error = _failure(event.error)
+                    yield f"data: {json.dumps(error_body(error.message, error.kind))}\n\n"
                     yield "data: [DONE]\n\n"
                     return
-                if kind in ("first", "text") and not sent_role:
+                if isinstance(event, (First, Delta)) and not sent_role:
                     sent_role = True
                     yield self._chunk({"role": "assistant", "content": ""})
-                if kind == "text" and event[1]:
-                    yield self._chunk({"content": event[1]})
-                if kind == "done":
-                    completion = event[1]
-                    engine.record(completion)
-                    yield self._chunk({}, completion.finish_reason)
+                if isinstance(event, Delta) and event.step.delta:
+                    yield self._chunk({"content": event.step.delta})
+                if isinstance(event, Done):
+                    answer = event.answer
+                    engine.record(answer)
+                    yield self._chunk({}, answer.finish_reason)
                     if include_usage:
                         usage = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                                 "model": self.model, "choices": [], "usage": engine.usage(completion),
-                                 "mmkv": engine.extension(completion)}  # fmt: skip
+                                 "model": self.model, "choices": [], "usage": engine.usage(answer),
+                                 "mmkv": engine.extension(answer)}  # fmt: skip
                         yield f"data: {json.dumps(usage)}\n\n"
                     yield "data: [DONE]\n\n"
                     return
         finally:
             self.job.cancelled.set()  # the client stopped reading: stop decoding (harmless once done)
+
+
+def _failure(error: BaseException) -> ApiError:
+    """The error object a failed job answers with, chosen by the exception's type."""
+    if isinstance(error, TimeoutError):
+        return ApiError(504, "the request timed out", "timeout")
+    if isinstance(error, MmkvError):
+        return ApiError(400, str(error))
+    return ApiError(500, f"internal error: {type(error).__name__}", "server_error")

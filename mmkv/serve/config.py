@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..config import check_int
 from ..images import DEFAULT_MAX_PIXELS
-from ..runtime import ReusePolicy, TurnPolicy
+from ..runtime import TurnPolicy
 
 __all__ = ["ServerConfig"]
 
@@ -21,8 +21,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     stores: tuple[str, ...] = ()  # tiers under memory, in order: directories and/or redis:// URLs
-    reuse: ReusePolicy = "kv"  # default policy (a request may override it: {"mmkv": {"reuse": ...}})
-    seam: int = 1  # default seam
+    policy: TurnPolicy = field(default_factory=TurnPolicy)  # default reuse policy and seam (a request may
+    # override them: {"mmkv": {"reuse": ..., "seam": ...}})
     allowed_media_domains: tuple[
         str, ...
     ] = ()  # hosts http(s) image URLs may name (exact match); none by default
@@ -49,7 +49,8 @@ class ServerConfig:
             check_int(getattr(self, name), name, 0 if name in ("max_queue", "pool_bytes") else 1)
         if self.request_timeout_s <= 0 or self.fetch_timeout_s <= 0:
             raise ValueError("timeouts must be positive")
-        TurnPolicy(self.reuse, self.seam)  # validates both
+        if not isinstance(self.policy, TurnPolicy):
+            raise TypeError(f"policy must be an mmkv.runtime.TurnPolicy, got {type(self.policy).__name__}")
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -24,7 +24,8 @@ from .media import MediaError, MediaPolicy, read_image_url
 from .metrics import Metrics
 from .pool import LivePool
 from .schema import ChatCompletionRequest, ImagePart
-from .worker import Completion, Worker
+from ..runtime import Answer
+from .worker import Worker
 
 __all__ = ["Engine"]
 
@@ -84,13 +85,14 @@ class Engine:
         key = hashlib.sha256(data).hexdigest()
         record = self.decoded.get(key)
         if record is None:
-            record = prepare_image(self.handle, data, self.config, self.encoder_store, self.pixels)
+            record = prepare_image(self.handle, data, self.config.max_image_pixels, self.config.policy.reuse,
+                                   self.encoder_store, self.pixels)  # fmt: skip
             self.decoded.put(key, record, 3 * record.pixels.width * record.pixels.height + len(data))
         return record  # (preprocessed pixels evicted since are made again by the turn that needs them)
 
-    def usage(self, completion: Completion) -> dict:
+    def usage(self, completion: Answer) -> dict:
         """The OpenAI usage object; ``cached_tokens`` = prompt tokens whose KV was not recomputed."""
-        stats = completion.stats
+        stats = completion.prefill
         return {
             "prompt_tokens": stats.prompt_tokens,
             "completion_tokens": len(completion.token_ids),
@@ -98,9 +100,9 @@ class Engine:
             "prompt_tokens_details": {"cached_tokens": stats.reused},
         }
 
-    def extension(self, completion: Completion) -> dict:
+    def extension(self, completion: Answer) -> dict:
         """The ``mmkv`` object of a response: where each image came from, and what the turn took."""
-        stats = completion.stats
+        stats = completion.prefill
         images = [
             {"index": r.index, "source": r.source, "encoder": r.encoder, "digest": r.digest}
             for r in stats.images
@@ -113,9 +115,9 @@ class Engine:
             "queue_ms": round(1e3 * completion.queue_s, 3),
         }
 
-    def record(self, completion: Completion) -> None:
+    def record(self, completion: Answer) -> None:
         """Count a finished request in the metrics."""
-        m, stats = self.metrics, completion.stats
+        m, stats = self.metrics, completion.prefill
         m.ttft.observe(completion.ttft_s)
         m.prompt_tokens.inc(stats.prompt_tokens)
         m.cached_tokens.inc(stats.reused)

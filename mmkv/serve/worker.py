@@ -6,10 +6,17 @@ and memory predictable. Continuous batching would need paged KV (a request's cac
 point into), a scheduler interleaving prefill chunks with decode steps, and batched M-RoPE positions and
 masks over sequences of different lengths: a different engine (vLLM's), which mmkv's records could feed.
 
-A ``Job`` carries a request's conversation and settings in, and its events out (to the request's asyncio
-queue, via the event loop): ``("started", queue_s)``, ``("first", stats, ttft_s)``, ``("text", delta)``,
-``("done", Completion)`` or ``("error", status, message, kind)``. A job cancelled while queued (its client
-went away) leaves the queue at once; one cancelled or past its deadline while decoding stops at the next token.
+A ``Job`` carries a request's conversation and settings in, and typed events out (to the request's asyncio
+queue, via the event loop): ``Started``, ``First`` (the prefill's stats and TTFT), one ``Delta`` per decoded
+token, then ``Done`` (the ``Answer``) or ``Failed`` (the exception). A job cancelled while queued (its client
+went away) leaves the queue at once; one cancelled or past its deadline while decoding stops at the next token
+(the decoder's ``should_stop``).
+
+A request's path on the worker (``Worker._run``): 1. lay the conversation out with the server's one
+``LayoutBuilder`` (blocks and earlier requests' assemblies by content: only what is new is rendered); 2. check
+out the pool entry sharing the longest prefix, with that prefix's length; 3. ``run_turn`` from it (plan,
+splice, one forward call; store writes after the first token); 4. decode with the one ``Decoder``; 5. check the
+live cache back in.
 """
 
 from __future__ import annotations
@@ -25,20 +32,54 @@ import torch
 from ..cache import EncoderStore, KVStore
 from ..cache.memory import MemoryTier
 from ..conversation import Conversation
-from ..errors import MmkvError
 from ..model.handle import ModelHandle
 from ..prompt.blocks import LayoutBuilder
-from ..runtime import Sampling, TurnPolicy, TurnSources, generate, run_turn
-from ..runtime.decode import AnswerText, end_of_turn_id
+from ..runtime import Answer, DecodeOptions, Decoder, DecodeStep, TokenConstraint, TurnPolicy, TurnSources, run_turn
 from ..runtime.report import PrefillStats
 from .metrics import Metrics
 from .pool import LivePool
 
-__all__ = ["Completion", "Job", "QueueFull", "Worker"]
+__all__ = ["Delta", "Done", "Failed", "First", "Job", "QueueFull", "Started", "Worker"]
 
 
 class QueueFull(Exception):
     """The queue holds ``max_queue`` waiting requests already."""
+
+
+@dataclass(frozen=True)
+class Started:
+    """The worker took the job."""
+
+    queue_s: float  # seconds it waited in the queue
+
+
+@dataclass(frozen=True)
+class First:
+    """The prompt is prefilled: the first token's logits are known."""
+
+    stats: PrefillStats
+    ttft_s: float
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One decoded token."""
+
+    step: DecodeStep
+
+
+@dataclass(frozen=True)
+class Done:
+    """The answer is complete."""
+
+    answer: Answer
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The job failed; ``error`` says why (the HTTP layer chooses the status by its type)."""
+
+    error: BaseException
 
 
 @dataclass
@@ -47,30 +88,21 @@ class Job:
 
     conversation: Conversation
     policy: TurnPolicy
-    sampling: Sampling
-    max_tokens: int
-    stops: list[str]
+    options: DecodeOptions
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
     deadline: float  # time.monotonic() after which the job is abandoned
+    constraint: TokenConstraint | None = None  # a grammar the answer must follow (tools, response_format)
     submitted: float = field(default_factory=time.monotonic)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
-    def emit(self, *event) -> None:
+    def emit(self, event) -> None:
         """Hand an event to the request's coroutine (thread-safe)."""
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
-
-@dataclass(frozen=True)
-class Completion:
-    """What a finished job produced."""
-
-    text: str  # the answer, special tokens removed, stripped (as Session.ask)
-    token_ids: tuple[int, ...]  # generated ids
-    finish_reason: str  # "stop" (end of turn or a stop string) or "length"
-    stats: PrefillStats  # the prefill
-    ttft_s: float
-    queue_s: float
+    def should_stop(self) -> bool:
+        """Whether decoding must stop now: the client went away or the deadline passed."""
+        return self.cancelled.is_set() or time.monotonic() > self.deadline
 
 
 class _JobQueue:
@@ -127,6 +159,7 @@ class Worker:
     ) -> None:
         self.handle, self.kv_store, self.encoder_store, self.pixels = handle, kv_store, encoder_store, pixels
         self.pool, self.metrics = pool, metrics
+        self.layouts = LayoutBuilder(handle)  # one for every request: blocks and assemblies kept by content
         self.queue = _JobQueue(max_queue)
         self._thread = threading.Thread(target=self._loop, name="mmkv-model-worker", daemon=True)
         self._thread.start()
@@ -152,43 +185,31 @@ class Worker:
                 continue
             try:
                 self._run(job)
-            except MmkvError as exc:
-                job.emit("error", 400, str(exc), "invalid_request_error")
-            except Exception as exc:  # a bug: answer with an error object, keep serving
-                job.emit("error", 500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+            except Exception as exc:  # the HTTP layer turns it into an error object by its type
+                job.emit(Failed(exc))
 
     def _run(self, job: Job) -> None:
         queue_s = time.monotonic() - job.submitted
         self.metrics.queue_wait.observe(queue_s)
-        job.emit("started", queue_s)
+        job.emit(Started(queue_s))
         started = time.perf_counter()
-        conversation, handle = job.conversation, self.handle
-        layout = LayoutBuilder(handle).build(conversation, add_generation_prompt=True)
-        live, _ = self.pool.checkout(layout)
+        handle, images = self.handle, job.conversation.images
+        layout = self.layouts.build(job.conversation, add_generation_prompt=True)  # 1. what is new
+        live, keep = self.pool.checkout(layout)  # 2. the longest matching prefix, computed once
         with live.dropped_on_error(), torch.inference_mode():
             sources = TurnSources(handle, self.kv_store, self.encoder_store, job.policy.reuse, self.pixels)
-            logits, stats = run_turn(handle, live, layout, conversation.images, sources, job.policy, started)
+            logits, stats = run_turn(handle, live, layout, images, sources, job.policy, started, keep=keep)  # 3.
             ttft = time.perf_counter() - started
-            job.emit("first", stats, ttft)
-            text, tokens, finish = (
-                AnswerText(handle.tokenizer, job.stops, lambda d: job.emit("text", d)),
-                [],
-                "length",
-            )
-            budget = max(1, min(job.max_tokens, handle.max_positions - live.next_position + 1))
-            eos = end_of_turn_id(handle)
-            for token in generate(handle, live, logits, budget, job.sampling):
-                if job.cancelled.is_set() or time.monotonic() > job.deadline:
-                    finish = "cancelled"
-                    break
-                tokens.append(token)
-                if token == eos or text.add(tokens):
-                    finish = "stop"
-                    break
-        if finish == "cancelled":
-            self.pool.checkin(live)
-            return
-        self.pool.checkin(live)
+            job.emit(First(stats, ttft))
+            decoder = Decoder(handle, live, logits, job.options, constraint=job.constraint,
+                              should_stop=job.should_stop)  # fmt: skip
+            for step in decoder:  # 4. the one decode loop
+                job.emit(Delta(step))
+        self.pool.checkin(live)  # 5.
         self.metrics.pool_entries.set(self.pool.num_entries)
         self.metrics.pool_bytes.set(self.pool.num_bytes)
-        job.emit("done", Completion(text.finish(), tuple(tokens), finish, stats, ttft, queue_s))
+        if decoder.finish_reason == "cancelled":
+            return
+        logprobs = tuple(decoder.logprobs) if job.options.logprobs is not None else None
+        job.emit(Done(Answer(decoder.text, tuple(decoder.token_ids), decoder.finish_reason, ttft,
+                             time.perf_counter() - started, stats, queue_s, logprobs)))  # fmt: skip

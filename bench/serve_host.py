@@ -1,0 +1,112 @@
+"""A server request's host time (everything but the model's forward calls) as a resent conversation grows.
+
+An agent resends its whole history every turn (a new screenshot per turn, the last ``--window`` kept, the
+earlier answers as text). Each request goes through the real server app in process (FastAPI over ASGI: body
+parsing, validation, the conversation, the layout, the pool, the turn, decoding, the response), and the model's
+forward calls (the language model and the vision tower) are timed by a wrapper around them; host time is the
+request's wall time minus that. Reported per turn (median over ``--agents`` conversations, each new to the
+server): host ms, forward ms, and the host ms at turns 2, 10 and 40 the hot-path issue names.
+
+    python bench/serve_host.py --turns 40 --agents 3 --json runs/serve_host.json
+    python bench/ab.py --trees /tmp/before . --rounds 3 --keys host_ms -- bench/serve_host.py --json {json}
+
+Works against any tree that has ``mmkv.serve.Engine`` and ``mmkv.serve.app.create_app`` (so ``bench/ab.py``
+can run it before and after a change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from starlette.testclient import TestClient
+
+from bench.serve import screenshot_requests
+from mmkv.serve import Engine, ServerConfig
+from mmkv.serve.app import create_app
+
+REPORTED = (2, 10, 40)  # turns the hot-path issue names (1-based)
+
+
+class ForwardClock:
+    """Seconds spent inside the wrapped modules' forward calls (nested calls counted once)."""
+
+    def __init__(self, *modules) -> None:
+        self.seconds, self._depth, self._started = 0.0, 0, 0.0
+        for module in modules:
+            module.forward = self._timed(module.forward)
+
+    def _timed(self, forward):
+        @functools.wraps(forward)
+        def timed(*args, **kwargs):
+            if self._depth == 0:
+                self._started = time.perf_counter()
+            self._depth += 1
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.seconds += time.perf_counter() - self._started
+
+        return timed
+
+
+def run(model: str, turns: int, agents: int, window: int, max_tokens: int) -> dict:
+    """Per turn: medians over the agents of host and forward ms."""
+    engine = Engine(ServerConfig(model=model, device="cpu"))
+    inner = engine.handle.model
+    clock = ForwardClock(inner, inner.model.visual)
+    host: dict[int, list[float]] = {t: [] for t in range(1, turns + 1)}
+    forward: dict[int, list[float]] = {t: [] for t in range(1, turns + 1)}
+    with TestClient(create_app(engine)) as client:
+        warm = next(iter(screenshot_requests(10_000, 1, window, 999)))
+        client.post("/v1/chat/completions", json={"model": model, "messages": warm, "max_tokens": 2})
+        for agent in range(agents):
+            for turn, messages in enumerate(screenshot_requests(agent, turns, window, 77), start=1):
+                body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+                clock.seconds = 0.0
+                started = time.perf_counter()
+                reply = client.post("/v1/chat/completions", json=body)
+                wall = time.perf_counter() - started
+                assert reply.status_code == 200, reply.text
+                host[turn].append(1e3 * (wall - clock.seconds))
+                forward[turn].append(1e3 * clock.seconds)
+    engine.close()
+    med = {t: statistics.median(v) for t, v in host.items()}
+    return {
+        "host_ms": {str(t): round(med[t], 3) for t in REPORTED if t in med},
+        "host_ms_by_turn": [round(med[t], 3) for t in sorted(med)],
+        "forward_ms_by_turn": [round(statistics.median(forward[t]), 3) for t in sorted(forward)],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="small-qwen3-vl")
+    parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--agents", type=int, default=3, help="conversations, one after another")
+    parser.add_argument("--window", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    result = run(args.model, args.turns, args.agents, args.window, args.max_tokens)
+    for t, (h, f) in enumerate(zip(result["host_ms_by_turn"], result["forward_ms_by_turn"], strict=True), 1):
+        if t in REPORTED or t % 5 == 0:
+            print(f"turn {t:3d}: host {h:7.2f} ms   forward {f:7.2f} ms", flush=True)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
