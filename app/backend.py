@@ -1,38 +1,36 @@
-"""The demo's glue, testable without a browser: one model and store pair shared by every browser session
-(``Engine``), one chat per browser session (``ChatState``: its ``mmkv.Session`` and the record of each turn), and
-what the page shows (``format_turn``, ``format_turn_log``, ``format_stats``, ``ttft_figure``).
+"""The demo's state, testable without a browser: one model and store pair shared by every browser session
+(``DemoBackend``) and one chat per browser session (``ChatState``: its ``mmkv.Session`` and the record of each
+turn). What the page shows of them is ``app.format``.
 
 All KV work happens in ``mmkv``: a turn validates the attached images, adds them and asks its ``Session``; when
 asked to compare, it first times the same turn on a ``reuse="none"`` fork of the conversation (a cold full
 recompute: empty live cache, no store). Example::
 
-    from app.engine import Engine, TurnSettings, format_stats, format_turn
+    from app.backend import DemoBackend, TurnSettings
+    from app.format import format_stats, format_turn
 
-    engine = Engine("tiny-qwen3-vl")                 # the model loads on first use
-    chat = engine.new_chat()
+    backend = DemoBackend("tiny-qwen3-vl")           # the model loads on first use
+    chat = backend.new_chat()
     record = chat.turn("What is on the screen?", ["app/examples/screen_1.png"], TurnSettings(compare=True))
     print(format_turn(record))    # turn 1 [kv]: image 1 computed · TTFT 98.1 ms (kv) vs 301.4 ms (none, cold) ...
     record = chat.turn("And now?", ["app/examples/screen_1.png"], TurnSettings())
     print(format_turn(record))    # turn 2 [kv]: image 1 kept (live prefix), image 2 cache hit (memory) · ...
-    print(format_stats(engine))   # a Markdown table of both stores' counters
+    print(format_stats(backend))  # a Markdown table of both stores' counters
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import unicodedata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 from PIL import Image
 
 import mmkv
-from mmkv import Answer, ImageReuse, MmkvError, ModelHandle, Session, SessionConfig
-from mmkv.cache import EncoderStore, ImageKVStore, TierStats
+from mmkv import Answer, MmkvError, ModelHandle, Session, SessionConfig
+from mmkv.cache import EncoderStore, ImageKVStore
 from mmkv.images import DEFAULT_MAX_PIXELS, load_image
 from mmkv.model.registry import SHIPPED_DIR
 from mmkv.session import ReusePolicy
@@ -41,17 +39,12 @@ __all__ = [
     "COLD_LABEL",
     "POLICIES",
     "ChatState",
+    "DemoBackend",
     "EmptyMessageError",
-    "Engine",
     "TurnRecord",
     "TurnSettings",
     "default_model",
-    "display_text",
-    "format_stats",
-    "format_turn",
-    "format_turn_log",
     "load_upload",
-    "ttft_figure",
 ]
 
 POLICIES: tuple[ReusePolicy, ...] = ("kv", "encoder", "none")
@@ -115,12 +108,12 @@ class TurnRecord:
         return None if self.cold_ttft_s is None else self.cold_ttft_s * 1e3
 
 
-class Engine:
+class DemoBackend:
     """The model and the store pair every browser session shares; the model loads on first use (or ``load``).
 
     ``store_dir`` makes both stores persistent: image KV in ``store_dir``, vision outputs in
     ``store_dir/encoder``. ``lock`` serialises all model and store work (sessions and stores are not
-    thread-safe; Gradio runs handlers in threads). Deep copies return the engine itself, so the ``ChatState``
+    thread-safe; Gradio runs handlers in threads). Deep copies return the backend itself, so the ``ChatState``
     that ``gr.State`` deep-copies per browser session still shares it.
     """
 
@@ -141,7 +134,7 @@ class Engine:
         self.lock = threading.RLock()
         self._handle: ModelHandle | None = None
 
-    def __deepcopy__(self, memo: dict) -> Engine:
+    def __deepcopy__(self, memo: dict) -> DemoBackend:
         return self
 
     def load(self) -> ModelHandle:
@@ -158,7 +151,7 @@ class Engine:
         return self._handle is not None
 
     def new_chat(self) -> ChatState:
-        """A new, empty chat on this engine (the per-browser-session state)."""
+        """A new, empty chat on this backend (the per-browser-session state)."""
         return ChatState(self)
 
     def clear_store(self) -> None:
@@ -207,8 +200,8 @@ def load_upload(path: str | Path, max_pixels: int) -> Image.Image:
 class ChatState:
     """One browser session's chat: its ``mmkv.Session`` (made on the first turn) and a record of every turn."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self, backend: DemoBackend) -> None:
+        self.backend = backend
         self.session: Session | None = None
         self.system = ""  # the system prompt the session was made with
         self.turns: list[TurnRecord] = []
@@ -223,7 +216,7 @@ class ChatState:
                 "the message is empty: type a question (attached images are sent along with it)"
             )
         max_pixels = (
-            self.engine.max_image_pixels if self.session is None else self.session.config.max_image_pixels
+            self.backend.max_image_pixels if self.session is None else self.session.config.max_image_pixels
         )
         return question, [load_upload(path, max_pixels) for path in files]
 
@@ -242,7 +235,7 @@ class ChatState:
         """``turn``, yielding the answer's text piece by piece, then the ``TurnRecord``. Validates first (raises
         before yielding anything); an error leaves the conversation as it was."""
         question, images = self.check(text, files)
-        with self.engine.lock:
+        with self.backend.lock:
             session = self._session(settings)
             before = session.fork()  # the conversation as it was, put back if anything below fails
             try:
@@ -268,7 +261,7 @@ class ChatState:
 
     def clear(self) -> None:
         """Forget the conversation, the live cache and the turn records (the shared stores keep their entries)."""
-        with self.engine.lock:
+        with self.backend.lock:
             if self.session is not None:
                 self.session.clear()
             self.session = None  # the next turn starts a new one, with the system prompt it asks for
@@ -279,10 +272,10 @@ class ChatState:
         the page's history is cleared then), forked when another setting changed."""
         wanted = {"reuse": settings.reuse, "seam": settings.seam, "window": settings.session_window}
         if self.session is None or settings.system != self.system:
-            engine = self.engine
-            config = SessionConfig(**wanted, max_image_pixels=engine.max_image_pixels)
+            backend = self.backend
+            config = SessionConfig.of(**wanted, max_image_pixels=backend.max_image_pixels)
             self.session = Session(
-                engine.load(), store=engine.kv_store, encoder_store=engine.encoder_store, config=config
+                backend.load(), store=backend.kv_store, encoder_store=backend.encoder_store, config=config
             )
             self.system = settings.system
             if settings.system.strip():
@@ -302,139 +295,3 @@ def _cold_ttft(session: Session, question: str) -> float:
 
 
 # ------------------------------------------------------------------------------------------------ display
-def display_text(text: str) -> str:
-    """``text`` with control characters (random-weight models emit them) shown as U+FFFD; ``(empty answer)``
-    when nothing is left."""
-    shown = "".join(
-        "\ufffd" if unicodedata.category(ch) in ("Cc", "Cs") and ch not in "\n\t" else ch for ch in text
-    )
-    return shown.strip() or "(empty answer)"
-
-
-def _image_phrase(image: ImageReuse) -> str:
-    """Where one image's KV (and, when it was prefilled, its vision outputs) came from."""
-    if image.source == "live":
-        return "kept (live prefix)"
-    if image.source != "computed":
-        return f"cache hit ({image.source})"
-    if image.encoder in ("memory", "disk", "redis"):
-        return f"prefilled from cached vision outputs ({image.encoder})"
-    return "computed"
-
-
-def images_summary(images: Sequence[ImageReuse]) -> str:
-    """``"3 images: 2 kept (live prefix), 1 cache hit (memory)"``: how many came from where, in a fixed order."""
-    if not images:
-        return "no images"
-    phrases = [_image_phrase(r) for r in images]
-    counts = {p: phrases.count(p) for p in dict.fromkeys(sorted(phrases, key=_phrase_order))}
-    parts = ", ".join(f"{n} {p}" for p, n in counts.items())
-    return f"{len(images)} image{'s' if len(images) > 1 else ''}: {parts}"
-
-
-def _phrase_order(phrase: str) -> int:
-    return ["kept", "cache", "prefilled", "computed"].index(phrase.split(" ")[0])
-
-
-def format_turn(record: TurnRecord) -> str:
-    """One line: where the prompt's images came from (counted), the TTFT with reuse and, when measured, without;
-    e.g. ``turn 3 [kv]: 2 images: 1 kept (live prefix), 1 cache hit (memory) · TTFT 12.3 ms (kv) vs 45.6 ms
-    (none, cold) = 3.7x · 162 of 232 prompt tokens reused``."""
-    answer = record.answer
-    images = [images_summary(answer.images)]
-    hidden = record.num_images - len(answer.images)
-    if hidden:
-        images.append(f"{hidden} earlier image{'s' if hidden > 1 else ''} outside the window")
-    ttft = f"TTFT {record.ttft_ms:.1f} ms ({record.reuse})"
-    if record.cold_ttft_ms is not None:
-        ttft += f" vs {record.cold_ttft_ms:.1f} ms (none, cold) = {record.cold_ttft_ms / record.ttft_ms:.1f}x"
-    tokens = f"{answer.reused_tokens} of {answer.prompt_tokens} prompt tokens reused"
-    return f"turn {record.number} [{record.reuse}]: {'; '.join(images)} · {ttft} · {tokens}"
-
-
-def format_turn_log(turns: Sequence[TurnRecord]) -> str:
-    """Markdown: the latest turn's line in bold, then the earlier turns, newest first."""
-    if not turns:
-        return (
-            "*No turns yet: attach a screenshot and ask about it, or click the example steps below in order.*"
-        )
-    latest, *earlier = [format_turn(record) for record in reversed(turns)]
-    return "\n".join([f"**{latest}**", "", *(f"- {line}" for line in earlier)])
-
-
-def _human_bytes(num: int) -> str:
-    """``num`` bytes in decimal units: ``0 B``, ``43.0 kB``, ``1.2 MB``, ``3.4 GB``."""
-    if num < 1000:
-        return f"{num} B"
-    value, unit = num / 1000, "kB"
-    for larger in ("MB", "GB"):
-        if value < 1000:
-            break
-        value, unit = value / 1000, larger
-    return f"{value:.1f} {unit}"
-
-
-STATS_ROWS = ("hits", "misses", "entries", "bytes", "evictions", "corrupt", "write errors")
-
-
-def _stats_cells(stats: TierStats) -> tuple[str, ...]:
-    """``stats`` in the order of ``STATS_ROWS``."""
-    counts = (stats.hits, stats.misses, stats.entries, _human_bytes(stats.bytes), stats.evictions)
-    return tuple(str(value) for value in (*counts, stats.corrupt, stats.write_errors))
-
-
-def format_stats(engine: Engine) -> str:
-    """A Markdown table of both stores' counters (shared by all browser sessions): one row per counter in
-    ``STATS_ROWS``, one column per store and tier: ``KV · memory``, ``KV · disk`` (the ``ImageKVStore``),
-    ``encoder · memory``, ``encoder · disk`` (the ``EncoderStore``); disk columns only with a store directory."""
-    with engine.lock:
-        stores = [("KV", engine.kv_store.stats()), ("encoder", engine.encoder_store.stats())]
-    columns = []  # (header, cells)
-    for name, stats in stores:
-        columns.append((f"{name} · memory", _stats_cells(stats.memory)))
-        if stats.disk is not None:
-            columns.append((f"{name} · disk", _stats_cells(stats.disk)))
-    lines = ["| counter | " + " | ".join(header for header, _ in columns) + " |"]
-    lines.append("|---|" + "---:|" * len(columns))
-    for row, counter in enumerate(STATS_ROWS):
-        lines.append(f"| {counter} | " + " | ".join(cells[row] for _, cells in columns) + " |")
-    lines += ["", "KV: the images' language-model KV · encoder: their vision-tower outputs."]
-    if engine.store_dir is None:
-        lines += ["", "No disk tier: start the demo with `--store DIR` to keep entries across restarts."]
-    return "\n".join(lines)
-
-
-def ttft_figure(turns: Sequence[TurnRecord]) -> Figure:
-    """TTFT (ms) per turn: one line per reuse policy the turns were answered with, and one for the cold full
-    recompute where it was measured (``COLD_LABEL``). A figure without lines when there are no turns."""
-    figure = Figure(figsize=(6.0, 3.4), layout="constrained")
-    axes = figure.add_subplot()
-    for policy in POLICIES:
-        points = [(record.number, record.ttft_ms) for record in turns if record.reuse == policy]
-        if points:
-            axes.plot([n for n, _ in points], [ms for _, ms in points], marker="o", label=f"reuse {policy}")
-    cold = [(record.number, record.cold_ttft_ms) for record in turns if record.cold_ttft_ms is not None]
-    if cold:
-        axes.plot(
-            [n for n, _ in cold],
-            [ms for _, ms in cold],
-            marker="s",
-            linestyle="--",
-            color="grey",
-            label=COLD_LABEL,
-        )
-    axes.set_title("Time to first token per turn")
-    axes.set_xlabel("turn")
-    axes.set_ylabel("TTFT (ms)")
-    last_turn = max((record.number for record in turns), default=1)
-    if last_turn <= 20:
-        axes.set_xticks(range(1, last_turn + 1))  # one tick per turn (a single turn is not 0.5 to 1.5 by 0.1)
-    else:
-        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    axes.set_xlim(0.5, max((record.number for record in turns), default=1) + 0.5)
-    axes.set_ylim(bottom=0)
-    if axes.lines:
-        axes.legend(loc="best")
-    else:
-        axes.text(0.5, 0.5, "no turns yet", ha="center", va="center", transform=axes.transAxes)
-    return figure

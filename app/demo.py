@@ -13,11 +13,11 @@ Works offline on the CPU. Run::
 then open http://127.0.0.1:7860 and click through the example trajectory under the message box. From Python::
 
     from app.demo import build_demo
-    from app.engine import Engine
-    build_demo(Engine("tiny-qwen3-vl")).launch()
+    from app.backend import DemoBackend
+    build_demo(DemoBackend("tiny-qwen3-vl")).launch()
 
-The handlers are thin: the chat state, the reports and the plot live in ``app/engine.py``, all KV work in
-``mmkv``.
+The handlers are thin: the chat state lives in ``app/backend.py``, the reports and the plot in ``app/format.py``,
+all KV work in ``mmkv``.
 """
 
 from __future__ import annotations
@@ -35,18 +35,8 @@ from matplotlib.figure import Figure
 if __package__ in (None, ""):  # run as a script (python app/demo.py): make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.engine import (  # noqa: E402
-    POLICIES,
-    ChatState,
-    EmptyMessageError,
-    Engine,
-    TurnSettings,
-    default_model,
-    display_text,
-    format_stats,
-    format_turn_log,
-    ttft_figure,
-)
+from app.backend import POLICIES, ChatState, DemoBackend, EmptyMessageError, TurnSettings, default_model  # noqa: E402
+from app.format import display_text, format_stats, format_turn_log, ttft_figure  # noqa: E402
 from app.trajectory import EXAMPLES_DIR, POLICY, QUESTIONS, TRAJECTORY, write_example_images  # noqa: E402
 from mmkv import MmkvError  # noqa: E402
 
@@ -131,7 +121,7 @@ def respond(message, history, chat, reuse, seam, window, compare, system="", las
 
 def panels(chat: ChatState) -> tuple[str, str, Figure]:
     """The turn log, the store statistics and the TTFT plot for ``chat``."""
-    return format_turn_log(chat.turns), format_stats(chat.engine), ttft_figure(chat.turns)
+    return format_turn_log(chat.turns), format_stats(chat.backend), ttft_figure(chat.turns)
 
 
 def clear_session(chat: ChatState) -> tuple[list[dict], str, str, Figure]:
@@ -142,22 +132,22 @@ def clear_session(chat: ChatState) -> tuple[list[dict], str, str, Figure]:
 
 def clear_store(chat: ChatState) -> str:
     """Empty the shared stores (memory and disk); returns the new statistics."""
-    chat.engine.clear_store()
-    return format_stats(chat.engine)
+    chat.backend.clear_store()
+    return format_stats(chat.backend)
 
 
 def show_stats(chat: ChatState) -> str:
     """The shared stores' statistics (other browser sessions change them too)."""
-    return format_stats(chat.engine)
+    return format_stats(chat.backend)
 
 
 # ------------------------------------------------------------------------------------------------ layout
-def build_demo(engine: Engine | None = None) -> gr.Blocks:
-    """The demo's page over ``engine`` (default: ``Engine()``, the default model, in-memory stores)."""
-    engine = engine or Engine()
+def build_demo(backend: DemoBackend | None = None) -> gr.Blocks:
+    """The demo's page over ``backend`` (default: ``DemoBackend()``, the default model, in-memory stores)."""
+    backend = backend or DemoBackend()
     with gr.Blocks(title="mmkv demo", analytics_enabled=False) as demo:
-        chat = gr.State(engine.new_chat)  # called once per browser session
-        gr.Markdown(f"{INTRO}\n\n{engine.describe()}", elem_id="model-line")
+        chat = gr.State(backend.new_chat)  # called once per browser session
+        gr.Markdown(f"{INTRO}\n\n{backend.describe()}", elem_id="model-line")
         with gr.Row():
             with gr.Column(scale=3):
                 chatbot = gr.Chatbot(label="Trajectory", height=440, elem_id="chatbot")
@@ -170,7 +160,7 @@ def build_demo(engine: Engine | None = None) -> gr.Blocks:
                 )
                 turn_log = gr.Markdown(format_turn_log([]), elem_id="turn-log")
                 system = gr.Textbox(
-                    value=POLICY if engine.is_shipped_small else "", label="System prompt", lines=2,
+                    value=POLICY if backend.is_shipped_small else "", label="System prompt", lines=2,
                     info="the agent's policy; changing it starts a new conversation", elem_id="system",
                 )  # fmt: skip
                 gr.Examples(
@@ -213,7 +203,7 @@ def build_demo(engine: Engine | None = None) -> gr.Blocks:
                     value=True, label="Also time each turn without reuse (cold full recompute)"
                 )
                 last_turn_only = gr.Checkbox(
-                    value=engine.is_shipped_small, label="Prompt holds the latest turn only",
+                    value=backend.is_shipped_small, label="Prompt holds the latest turn only",
                     info="the shipped small models were trained on single turns; the cache keeps every image",
                 )  # fmt: skip
                 with gr.Row():
@@ -259,8 +249,8 @@ if __name__ == "__main__":
     if args.write_examples:
         print("\n".join(str(path) for path in write_example_images()))
         raise SystemExit(0)
-    engine = Engine(args.model, args.store, device=args.device)
-    print(f"loading {engine.model_name} ...", flush=True)
-    engine.load()  # now: a missing checkpoint fails (one line, exit 2) before the page is served
-    demo = build_demo(engine)
+    backend = DemoBackend(args.model, args.store, device=args.device)
+    print(f"loading {backend.model_name} ...", flush=True)
+    backend.load()  # now: a missing checkpoint fails (one line, exit 2) before the page is served
+    demo = build_demo(backend)
     demo.launch(server_name=args.host, server_port=args.port, allowed_paths=[str(EXAMPLES_DIR)])

@@ -219,11 +219,11 @@ def many_images(handle: mmkv.ModelHandle, count: int, size: int, repeats: int) -
 
 
 FIDELITY_ARMS = {
-    "encoder": mmkv.SessionConfig(reuse="encoder"),
-    "kv": mmkv.SessionConfig(reuse="kv", seam=1),
-    "kv, seam 0": mmkv.SessionConfig(reuse="kv", seam=0),
-    "kv, temporal-only rotation": mmkv.SessionConfig(reuse="kv", seam=0, rotate_axes=(0,)),
-    "kv, not rotated": mmkv.SessionConfig(reuse="kv", seam=0, rotate=False),
+    "encoder": mmkv.SessionConfig.of(reuse="encoder"),
+    "kv": mmkv.SessionConfig.of(reuse="kv", seam=1),
+    "kv, seam 0": mmkv.SessionConfig.of(reuse="kv", seam=0),
+    "kv, temporal-only rotation": mmkv.SessionConfig.of(reuse="kv", seam=0, rotate_axes=(0,)),
+    "kv, not rotated": mmkv.SessionConfig.of(reuse="kv", seam=0, rotate=False),
 }
 
 
@@ -244,7 +244,7 @@ def fidelity(handle: mmkv.ModelHandle, size: int) -> dict[str, dict[str, float]]
         session.add_image(image)
         return session.next_token_logits(QUESTION).float()
 
-    reference = logits(mmkv.SessionConfig(reuse="none"))
+    reference = logits(mmkv.SessionConfig.of(reuse="none"))
     out = {}
     for arm, config in FIDELITY_ARMS.items():
         got = logits(config)

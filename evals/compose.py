@@ -97,7 +97,7 @@ def compose_samples(gate: str, n: int, seed: int = 0) -> list[tuple[Sample, str]
 
 
 def _session(handle: mmkv.ModelHandle, kind: str) -> mmkv.Session:
-    config = mmkv.SessionConfig(reuse="none" if kind == "full" else "kv", rotate=kind != "no-rotate")
+    config = mmkv.SessionConfig.of(reuse="none" if kind == "full" else "kv", rotate=kind != "no-rotate")
     return mmkv.Session(handle, config=config)
 
 

@@ -122,17 +122,17 @@ class Arm:
 
 def make_arms(seam: int = 1) -> dict[str, Arm]:
     """All arms by name (``seam``: tokens recomputed per spliced image in ``kv`` and ``kv-shifted``)."""
-    kv0 = mmkv.SessionConfig(reuse="kv", seam=0)
+    kv0 = mmkv.SessionConfig.of(reuse="kv", seam=0)
     return {
-        "none": Arm("none", mmkv.SessionConfig(reuse="none"), "none"),
-        "encoder": Arm("encoder", mmkv.SessionConfig(reuse="encoder"), "same"),
-        "kv": Arm("kv", mmkv.SessionConfig(reuse="kv", seam=seam), "same"),
-        "kv-shifted": Arm("kv-shifted", mmkv.SessionConfig(reuse="kv", seam=seam), "shifted"),
+        "none": Arm("none", mmkv.SessionConfig.of(reuse="none"), "none"),
+        "encoder": Arm("encoder", mmkv.SessionConfig.of(reuse="encoder"), "same"),
+        "kv": Arm("kv", mmkv.SessionConfig.of(reuse="kv", seam=seam), "same"),
+        "kv-shifted": Arm("kv-shifted", mmkv.SessionConfig.of(reuse="kv", seam=seam), "shifted"),
         "kv-no-seam": Arm("kv-no-seam", kv0, "shifted"),
         "kv-temporal-only": Arm(
-            "kv-temporal-only", mmkv.SessionConfig(reuse="kv", seam=0, rotate_axes=(0,)), "shifted"
+            "kv-temporal-only", mmkv.SessionConfig.of(reuse="kv", seam=0, rotate_axes=(0,)), "shifted"
         ),
-        "kv-no-rotate": Arm("kv-no-rotate", mmkv.SessionConfig(reuse="kv", seam=0, rotate=False), "shifted"),
+        "kv-no-rotate": Arm("kv-no-rotate", mmkv.SessionConfig.of(reuse="kv", seam=0, rotate=False), "shifted"),
     }
 
 
@@ -208,8 +208,8 @@ class _Pass:
 
 def _measured_pass(session: mmkv.Session, question: str, max_new_tokens: int) -> _Pass:
     """First-token logits and their time from one ``next_token_logits`` call, then the greedy answer."""
-    if session.model.device.type == "cuda":
-        torch.cuda.synchronize(session.model.device)  # no warm-pass work left running into the timed call
+    if session.handle.device.type == "cuda":
+        torch.cuda.synchronize(session.handle.device)  # no warm-pass work left running into the timed call
     logits = session.next_token_logits(question)
     prefill = session.last_prefill
     answer = session.ask(question, max_new_tokens=max_new_tokens)
@@ -230,7 +230,7 @@ def _run_arm(
     session = build_session(handle, sample, arm.config, store, encoder_store)
     targets = image_starts(session, sample.question)
     if arm.warm == "same":
-        warm = build_session(handle, sample, mmkv.SessionConfig(reuse=arm.config.reuse), store, encoder_store)
+        warm = build_session(handle, sample, mmkv.SessionConfig.of(reuse=arm.config.reuse), store, encoder_store)
         warm.next_token_logits(sample.question)
     elif arm.warm == "shifted":
         shifted_warm_session(handle, sample, targets, store, encoder_store).next_token_logits(WARM_QUESTION)

@@ -132,7 +132,7 @@ def test_refused_calls_name_the_argument_and_change_nothing(tiny, call, error, m
 def test_config_values_are_checked_by_name(kwargs, match):
     """SessionConfig refuses ill-typed and out-of-range values with a message naming the setting."""
     with pytest.raises(ValueError, match=match):
-        mmkv.SessionConfig(**kwargs)
+        mmkv.SessionConfig.of(**kwargs)
 
 
 def test_a_prompt_past_the_models_positions_is_a_clear_error(tiny, monkeypatch):
@@ -239,7 +239,7 @@ def test_a_long_session_stays_within_its_token_budget(tiny):
     system text and a pinned field survive, logits equal a recompute of the same (trimmed) prompt (the exact
     policy, encoder: kv would splice moved KV, an approximation the evals measure), and a turn
     that cannot fit even with every old turn dropped raises PromptTooLongError with nothing changed."""
-    session = mmkv.Session(tiny, config=mmkv.SessionConfig(reuse="encoder", window=4, max_prompt_tokens=400))
+    session = mmkv.Session(tiny, config=mmkv.SessionConfig.of(reuse="encoder", window=4, max_prompt_tokens=400))
     session.add_text("System rules. role: {role}.", role="system", fields={"role": "admin"})
     sizes = []
     for turn in range(120):

@@ -117,7 +117,7 @@ def test_moved_image_rerotated_is_closer_than_unrotated(tiny):
     warm.next_token_logits("Describe it.")
     cosines = {}
     for rotate in (True, False):
-        config = mmkv.SessionConfig(reuse="kv", seam=0, rotate=rotate)
+        config = mmkv.SessionConfig.of(reuse="kv", seam=0, rotate=rotate)
         session = mmkv.Session(tiny, store=store, config=config)
         session.add_text(" ".join(["Here is a long history of earlier steps in the task."] * 4))
         session.add_image(image)
@@ -214,7 +214,7 @@ def test_ask_appends_the_turn_and_reuses_the_live_prefix(tiny):
 
 def test_bad_images_raise_their_errors_and_leave_the_session_usable(tiny, tmp_path):
     """Each bad input raises its mmkv error with a message; the conversation is unchanged and still answers."""
-    session = mmkv.Session(tiny, config=mmkv.SessionConfig(max_image_pixels=100_000))
+    session = mmkv.Session(tiny, config=mmkv.SessionConfig.of(max_image_pixels=100_000))
     image, _, _ = _images(tiny)
     session.add_image(image)
     before = [dict(m, content=list(m["content"])) for m in session.messages]
@@ -261,7 +261,7 @@ def test_invalid_config_raises():
     """Unknown reuse policies, negative seams and empty windows raise ValueError."""
     for kwargs in ({"reuse": "all"}, {"seam": -1}, {"window": 0}):
         with pytest.raises(ValueError):
-            mmkv.SessionConfig(**kwargs)
+            mmkv.SessionConfig.of(**kwargs)
 
 
 def test_fork_copies_the_conversation_not_the_cache(tiny):

@@ -1,4 +1,4 @@
-"""Shared fixtures for the demo's tests: a demo engine on the tiny Qwen3-VL model and example screenshots."""
+"""Shared fixtures for the demo's tests: a demo backend on the tiny Qwen3-VL model and example screenshots."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from app import demo
-from app.engine import Engine
+from app.backend import DemoBackend
 
 REPO = Path(__file__).resolve().parents[2]
 SCREEN_1, SCREEN_2 = REPO / "app/examples/screen_1.png", REPO / "app/examples/screen_2.png"
-MAX_PIXELS = 120_000  # the engines' upload bound: the 320x224 examples fit, a 400x400 image does not
+MAX_PIXELS = 120_000  # the backends' upload bound: the 320x224 examples fit, a 400x400 image does not
 NEW_TOKENS = 4  # answer length in the tests (the answers' content is noise on the tiny model)
 
 
@@ -22,6 +22,6 @@ def short_answers(monkeypatch):
 
 
 @pytest.fixture
-def engine() -> Engine:
-    """A fresh engine (own in-memory stores) on tiny-qwen3-vl, refusing images over ``MAX_PIXELS``."""
-    return Engine("tiny-qwen3-vl", max_image_pixels=MAX_PIXELS, device="cpu")
+def backend() -> DemoBackend:
+    """A fresh backend (own in-memory stores) on tiny-qwen3-vl, refusing images over ``MAX_PIXELS``."""
+    return DemoBackend("tiny-qwen3-vl", max_image_pixels=MAX_PIXELS, device="cpu")

@@ -1,4 +1,5 @@
-"""The demo without a browser: its handlers (``app.demo``) and glue (``app.engine``) on the tiny Qwen3-VL model."""
+"""The demo without a browser: its handlers (``app.demo``), state (``app.backend``) and what the page shows
+(``app.format``) on the tiny Qwen3-VL model."""
 
 from __future__ import annotations
 
@@ -12,20 +13,10 @@ import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 
-import app.engine as engine_module
+import app.backend as backend_module
 from app import demo
-from app.engine import (
-    COLD_LABEL,
-    STATS_ROWS,
-    ChatState,
-    EmptyMessageError,
-    Engine,
-    TurnSettings,
-    default_model,
-    display_text,
-    format_turn,
-    ttft_figure,
-)
+from app.backend import COLD_LABEL, ChatState, DemoBackend, EmptyMessageError, TurnSettings, default_model
+from app.format import STATS_ROWS, display_text, format_turn, ttft_figure
 from app.trajectory import QUESTIONS, TRAJECTORY
 from mmkv import MmkvError, load_image
 from mmkv.synthetic import synthetic_screenshot
@@ -80,13 +71,13 @@ def _write_bad(kind: str, tmp_path):
     [("bad bytes", False), ("truncated png", False), ("oversized", False), ("not an image", False)]
     + [("truncated png", True), ("oversized", True)],
 )
-def test_bad_image_raises_gr_error_and_keeps_the_conversation(engine, tmp_path, kind, with_good_first):
+def test_bad_image_raises_gr_error_and_keeps_the_conversation(backend, tmp_path, kind, with_good_first):
     """A bad upload (alone, or after a good one) raises gr.Error carrying mmkv's message, adds nothing, and
     the next turn answers exactly as in a chat that never saw it."""
     bad = _write_bad(kind, tmp_path)
     with pytest.raises(MmkvError) as expected:
         load_image(bad, max_pixels=MAX_PIXELS)
-    chat, control = engine.new_chat(), Engine("tiny-qwen3-vl", max_image_pixels=MAX_PIXELS).new_chat()
+    chat, control = backend.new_chat(), DemoBackend("tiny-qwen3-vl", max_image_pixels=MAX_PIXELS).new_chat()
     for c in (chat, control):
         send(c, "What is on the screen?", [SCREEN_1])
     messages_before = copy.deepcopy(chat.session.messages)
@@ -115,10 +106,10 @@ def test_bad_image_raises_gr_error_and_keeps_the_conversation(engine, tmp_path, 
 
 
 @pytest.mark.parametrize("text", ["", "   \n"])
-def test_empty_message_raises_gr_error_and_changes_nothing(engine, text):
+def test_empty_message_raises_gr_error_and_changes_nothing(backend, text):
     """An empty (or blank) message raises gr.Error with the app's message even with an image attached; the
     image is not added and the chat still answers."""
-    chat = engine.new_chat()
+    chat = backend.new_chat()
     send(chat, "What is on the screen?", [SCREEN_1])
     messages_before = copy.deepcopy(chat.session.messages)
     with pytest.raises(gr.Error) as raised:
@@ -140,10 +131,10 @@ def test_empty_message_raises_gr_error_and_changes_nothing(engine, text):
 
 
 # ----------------------------------------------------------------------------------------- cache hits
-def test_same_image_twice_reports_a_store_hit(engine):
+def test_same_image_twice_reports_a_store_hit(backend):
     """The second upload of the same screenshot is a memory-tier hit of the KV store, shown in the turn log;
     the first upload and a text-only turn are not reported as hits."""
-    chat, outputs, history = engine.new_chat(), [], []
+    chat, outputs, history = backend.new_chat(), [], []
     for text, files in [("What is on the screen?", [SCREEN_1]), ("Why?", []), ("Back again?", [SCREEN_1])]:
         outputs.append(send(chat, text, files, history))
         history = outputs[-1][1]
@@ -163,12 +154,12 @@ def test_same_image_twice_reports_a_store_hit(engine):
 
 
 def test_persistent_store_hits_on_disk_after_a_restart(tmp_path):
-    """With a store directory, a new engine (a restarted demo) finds the screenshot on disk."""
-    first = Engine("tiny-qwen3-vl", store_dir=tmp_path / "store").new_chat()
+    """With a store directory, a new backend (a restarted demo) finds the screenshot on disk."""
+    first = DemoBackend("tiny-qwen3-vl", store_dir=tmp_path / "store").new_chat()
     first.turn("What is on the screen?", [SCREEN_1], SETTINGS)
-    first.engine.kv_store.close()
-    first.engine.encoder_store.close()
-    second = Engine("tiny-qwen3-vl", store_dir=tmp_path / "store")
+    first.backend.kv_store.close()
+    first.backend.encoder_store.close()
+    second = DemoBackend("tiny-qwen3-vl", store_dir=tmp_path / "store")
     record = second.new_chat().turn("What is on the screen?", [SCREEN_1], SETTINGS)
     assert [r.source for r in record.answer.images] == ["disk"]
     assert "1 image: 1 cache hit (disk)" in format_turn(record)
@@ -178,24 +169,24 @@ def test_persistent_store_hits_on_disk_after_a_restart(tmp_path):
     assert table["corrupt"]["KV · disk"] == "0" and table["write errors"]["KV · disk"] == "0"
 
 
-def test_compare_times_a_cold_recompute_without_touching_the_store(engine):
+def test_compare_times_a_cold_recompute_without_touching_the_store(backend):
     """With compare on, a turn also reports a cold TTFT (and the speedup); the cold run adds no store traffic."""
-    chat = engine.new_chat()
+    chat = backend.new_chat()
     send(chat, "What is on the screen?", [SCREEN_1])
-    before = engine.kv_store.stats(), engine.encoder_store.stats()
+    before = backend.kv_store.stats(), backend.encoder_store.stats()
     _, _, log, _, _ = send(chat, "Again?", [SCREEN_1], compare=True)
     record = chat.turns[-1]
     assert record.cold_ttft_s is not None and record.cold_ttft_s > 0
     assert f"vs {record.cold_ttft_ms:.1f} ms (none, cold)" in log
-    kv_after, encoder_after = engine.kv_store.stats(), engine.encoder_store.stats()
+    kv_after, encoder_after = backend.kv_store.stats(), backend.encoder_store.stats()
     assert kv_after.memory.hits == before[0].memory.hits + 1  # the real turn's hit only
     assert kv_after.memory.misses == before[0].memory.misses
     assert encoder_after == before[1]
 
 
-def test_settings_apply_to_the_next_turn_and_keep_the_conversation(engine):
+def test_settings_apply_to_the_next_turn_and_keep_the_conversation(backend):
     """Changing policy and window forks the session: the conversation is kept, the new settings are used."""
-    chat = engine.new_chat()
+    chat = backend.new_chat()
     send(chat, "First?", [SCREEN_1])
     send(chat, "Second?", [SCREEN_2])
     _, _, log, _, _ = send(chat, "Third?", reuse="encoder", window=1, seam=0)
@@ -208,9 +199,9 @@ def test_settings_apply_to_the_next_turn_and_keep_the_conversation(engine):
 
 
 # ---------------------------------------------------------------------------------------------- clearing
-def test_clear_session_forgets_the_chat_but_not_the_store(engine):
+def test_clear_session_forgets_the_chat_but_not_the_store(backend):
     """Clear session empties the history, turns and conversation; the store still serves the screenshot."""
-    chat = engine.new_chat()
+    chat = backend.new_chat()
     send(chat, "What is on the screen?", [SCREEN_1])
     history, log, stats, figure = demo.clear_session(chat)
     assert history == [] and chat.turns == [] and chat.session is None  # the next turn starts a new session
@@ -220,24 +211,24 @@ def test_clear_session_forgets_the_chat_but_not_the_store(engine):
     assert log.startswith("**turn 1 [kv]: 1 image: 1 cache hit (memory)")
 
 
-def test_clear_store_empties_both_stores(engine):
+def test_clear_store_empties_both_stores(backend):
     """Clear store empties both stores (counters kept); the same screenshot is then computed again."""
-    chat = engine.new_chat()
+    chat = backend.new_chat()
     send(chat, "What is on the screen?", [SCREEN_1])
     table = stats_table(demo.clear_store(chat))
     assert table["entries"]["KV · memory"] == "0" and table["entries"]["encoder · memory"] == "0"
     assert table["bytes"]["KV · memory"] == "0 B" and table["misses"]["KV · memory"] == "1"
-    record = engine.new_chat().turn("Seen it?", [SCREEN_1], SETTINGS)
+    record = backend.new_chat().turn("Seen it?", [SCREEN_1], SETTINGS)
     assert [r.source for r in record.answer.images] == ["computed"]
 
 
 # ------------------------------------------------------------------------------------------- panels
-def test_stats_panel_lists_every_counter_per_store_and_tier(engine, tmp_path):
+def test_stats_panel_lists_every_counter_per_store_and_tier(backend, tmp_path):
     """The stats table has a row per counter and a column per store and tier (disk ones with --store)."""
-    table = stats_table(demo.show_stats(engine.new_chat()))
+    table = stats_table(demo.show_stats(backend.new_chat()))
     assert list(table) == list(STATS_ROWS)
     assert list(table["hits"]) == ["KV · memory", "encoder · memory"]
-    persistent = Engine("tiny-qwen3-vl", store_dir=tmp_path)
+    persistent = DemoBackend("tiny-qwen3-vl", store_dir=tmp_path)
     columns = list(stats_table(demo.show_stats(persistent.new_chat()))["corrupt"])
     assert columns == [
         "KV · memory",
@@ -247,11 +238,11 @@ def test_stats_panel_lists_every_counter_per_store_and_tier(engine, tmp_path):
     ]
 
 
-def test_plot_has_one_line_per_measured_policy(engine):
+def test_plot_has_one_line_per_measured_policy(backend):
     """The TTFT figure draws one line per policy turns were answered with, plus the cold line where measured,
     each at the right turns and values."""
     assert isinstance(ttft_figure([]), Figure) and not ttft_figure([]).axes[0].lines
-    chat = engine.new_chat()
+    chat = backend.new_chat()
     send(chat, "One?", [SCREEN_1], compare=True)
     send(chat, "Two?", compare=True)
     _, _, _, _, figure = send(chat, "Three?", [SCREEN_1], reuse="encoder")
@@ -265,15 +256,15 @@ def test_plot_has_one_line_per_measured_policy(engine):
 
 
 # --------------------------------------------------------------------------------------------- pieces
-def test_engine_is_shared_by_the_per_session_state_copies(engine):
-    """gr.State deep-copies the new chat per browser session: the copy shares the engine, not the model."""
-    chat = copy.deepcopy(engine.new_chat())
-    assert chat.engine is engine and chat.session is None and not engine.is_loaded
+def test_backend_is_shared_by_the_per_session_state_copies(backend):
+    """gr.State deep-copies the new chat per browser session: the copy shares the backend, not the model."""
+    chat = copy.deepcopy(backend.new_chat())
+    assert chat.backend is backend and chat.session is None and not backend.is_loaded
 
 
 def test_default_model_prefers_the_shipped_small_checkpoint(tmp_path, monkeypatch):
     """small-qwen3-vl when its checkpoint directory exists, else tiny-qwen3-vl."""
-    monkeypatch.setattr(engine_module, "SHIPPED_DIR", tmp_path)
+    monkeypatch.setattr(backend_module, "SHIPPED_DIR", tmp_path)
     assert default_model() == "tiny-qwen3-vl"
     (tmp_path / "small-qwen3-vl").mkdir()
     assert default_model() == "small-qwen3-vl"
@@ -310,24 +301,24 @@ def test_example_images_are_the_generator_output(tmp_path, monkeypatch):
 def test_the_shipped_model_answers_every_example_as_expected():
     """Driven like the page drives it (system prompt, latest turn only), small-qwen3-vl gives each example's
     expected answer, and the revisit step's screenshot is a cache hit."""
-    engine = Engine("small-qwen3-vl", device="cpu")
+    backend = DemoBackend("small-qwen3-vl", device="cpu")
     for group in (TRAJECTORY, QUESTIONS):
-        chat = engine.new_chat()
+        chat = backend.new_chat()
         for step in group:
             settings = TurnSettings(system=step.system, last_turn_only=True, max_new_tokens=8)
             record = chat.turn(step.text, [step.path], settings)
             assert record.answer.text == step.expected, step.label
     assert [r.source for r in chat.turns[0].answer.images] == ["computed"]
-    trajectory_chat = engine.new_chat()
+    trajectory_chat = backend.new_chat()
     for step in TRAJECTORY:
         record = trajectory_chat.turn(step.text, [step.path], TurnSettings(system=step.system, last_turn_only=True,
                                                                            max_new_tokens=8))  # fmt: skip
     assert "cache hit (memory)" in format_turn(record)
 
 
-def test_a_new_system_prompt_starts_a_new_conversation(engine):
+def test_a_new_system_prompt_starts_a_new_conversation(backend):
     """The page's system prompt: used from the first turn; a different one starts over (history cleared)."""
-    chat = engine.new_chat()
+    chat = backend.new_chat()
     send(chat, "Hello?", [SCREEN_1], system="Rule one.")
     assert chat.session.messages[0] == {"role": "system", "content": [{"type": "text", "text": "Rule one.",
                                                                       "item_id": 0}]}  # fmt: skip
@@ -336,10 +327,10 @@ def test_a_new_system_prompt_starts_a_new_conversation(engine):
     assert chat.session.messages[0]["content"][0]["text"] == "Rule two."
 
 
-def test_streaming_yields_the_growing_answer_then_the_panels(engine):
+def test_streaming_yields_the_growing_answer_then_the_panels(backend):
     """respond_stream yields the answer as it grows (the last assistant message's text) and ends with the
     panels; its final history equals respond's."""
-    chat = engine.new_chat()
+    chat = backend.new_chat()
     outputs = list(demo.respond_stream({"text": "What is it?", "files": [str(SCREEN_1)]}, [], chat, "kv", 1.0,
                                        0.0, False))  # fmt: skip
     assert len(outputs) >= 2 and outputs[-1][1][-1]["role"] == "assistant"
@@ -347,17 +338,17 @@ def test_streaming_yields_the_growing_answer_then_the_panels(engine):
     assert final == display_text(chat.turns[-1].answer.text)
 
 
-def test_a_text_file_named_png_gets_one_clean_message(engine, tmp_path):
+def test_a_text_file_named_png_gets_one_clean_message(backend, tmp_path):
     """A text file with a .png name: one message naming the file, no temporary path, no object repr."""
     path = tmp_path / "notes.png"
     path.write_text("just some text")
     with pytest.raises(MmkvError) as info:
-        engine.new_chat().check("What is it?", [path])
+        backend.new_chat().check("What is it?", [path])
     message = str(info.value)
     assert message.startswith("notes.png: ") and str(tmp_path) not in message and "<_io" not in message
 
 
 def test_build_demo_makes_blocks():
-    """The module builds its page at import; build_demo builds one over a given engine."""
+    """The module builds its page at import; build_demo builds one over a given backend."""
     assert isinstance(demo.demo, gr.Blocks)
-    assert isinstance(demo.build_demo(Engine("tiny-qwen3-vl")), gr.Blocks)
+    assert isinstance(demo.build_demo(DemoBackend("tiny-qwen3-vl")), gr.Blocks)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import mmkv
-from mmkv.serve.pool import BLOCK, SAMPLE, LivePool
+from mmkv.serve.pool import PAGE, SAMPLE, LivePool
 
 
 def _live(handle, text: str) -> tuple[mmkv.Session, object]:
@@ -52,10 +52,10 @@ def _scan(pool: LivePool, layout) -> int:
     return best if best >= pool.min_share else 0
 
 
-def test_the_block_index_finds_what_a_scan_of_every_entry_finds(tiny):
-    """Random conversations sharing openings of several lengths (inside a block, at a block's edge, many blocks):
-    the indexed checkout keeps as many tokens as the best entry of a full scan, or at most a block fewer (it
-    compares a bounded sample of the entries sharing the deepest block), and its copy holds matching ids."""
+def test_the_page_index_finds_what_a_scan_of_every_entry_finds(tiny):
+    """Random conversations sharing openings of several lengths (inside a page, at a page's edge, many pages):
+    the indexed checkout keeps as many tokens as the best entry of a full scan, or at most a page fewer (it
+    compares a bounded sample of the entries sharing the deepest page), and its copy holds matching ids."""
     import random
 
     rng = random.Random(0)
@@ -72,7 +72,7 @@ def test_the_block_index_finds_what_a_scan_of_every_entry_finds(tiny):
         layout = probe.prompt_layout("q?")
         expected = _scan(pool, layout)
         live, keep = pool.checkout(layout)
-        assert expected - (BLOCK - 1) <= keep <= expected and (keep > 0) == (expected > 0), (
+        assert expected - (PAGE - 1) <= keep <= expected and (keep > 0) == (expected > 0), (
             i,
             keep,
             expected,
@@ -82,7 +82,7 @@ def test_the_block_index_finds_what_a_scan_of_every_entry_finds(tiny):
         pool.checkin(live)
 
 
-def test_a_checkout_compares_only_entries_that_share_its_blocks(tiny, monkeypatch):
+def test_a_checkout_compares_only_entries_that_share_its_pages(tiny, monkeypatch):
     """Hundreds of idle conversations with other openings cost no exact comparison."""
     from mmkv.runtime.live import LiveCache
 
@@ -103,7 +103,7 @@ def test_a_checkout_compares_only_entries_that_share_its_blocks(tiny, monkeypatc
     calls.clear()
     live, keep = pool.checkout(fresh.prompt_layout("q?"))
     assert (
-        keep < 2 * BLOCK and len(calls) <= SAMPLE
+        keep < 2 * PAGE and len(calls) <= SAMPLE
     )  # only the template's opening (Qwen2.5-VL: its default system)
 
 
@@ -113,7 +113,7 @@ def test_a_conversation_continues_its_own_entry_among_many_that_share_its_openin
     sessions = []
     for i in range(40):
         session, live = _live(
-            tiny, f"The shared system prompt of every agent here, long enough for blocks. Agent {i}."
+            tiny, f"The shared system prompt of every agent here, long enough for pages. Agent {i}."
         )
         sessions.append((session, live))
         pool.checkin(live)

@@ -1,0 +1,156 @@
+"""What the demo's page shows, as text and figures: one turn's line (``format_turn``), the turn log
+(``format_turn_log``), the stores' counters (``format_stats``) and the TTFT plot (``ttft_figure``). Pure functions
+of ``app.backend``'s records; no KV work here."""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Sequence
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from mmkv import ImageReuse
+from mmkv.cache import TierStats
+
+from .backend import COLD_LABEL, POLICIES, DemoBackend, TurnRecord
+
+__all__ = ["display_text", "format_stats", "format_turn", "format_turn_log", "images_summary", "ttft_figure"]
+
+
+def display_text(text: str) -> str:
+    """``text`` with control characters (random-weight models emit them) shown as U+FFFD; ``(empty answer)``
+    when nothing is left."""
+    shown = "".join(
+        "\ufffd" if unicodedata.category(ch) in ("Cc", "Cs") and ch not in "\n\t" else ch for ch in text
+    )
+    return shown.strip() or "(empty answer)"
+
+
+def _image_phrase(image: ImageReuse) -> str:
+    """Where one image's KV (and, when it was prefilled, its vision outputs) came from."""
+    if image.source == "live":
+        return "kept (live prefix)"
+    if image.source != "computed":
+        return f"cache hit ({image.source})"
+    if image.encoder in ("memory", "disk", "redis"):
+        return f"prefilled from cached vision outputs ({image.encoder})"
+    return "computed"
+
+
+def images_summary(images: Sequence[ImageReuse]) -> str:
+    """``"3 images: 2 kept (live prefix), 1 cache hit (memory)"``: how many came from where, in a fixed order."""
+    if not images:
+        return "no images"
+    phrases = [_image_phrase(r) for r in images]
+    counts = {p: phrases.count(p) for p in dict.fromkeys(sorted(phrases, key=_phrase_order))}
+    parts = ", ".join(f"{n} {p}" for p, n in counts.items())
+    return f"{len(images)} image{'s' if len(images) > 1 else ''}: {parts}"
+
+
+def _phrase_order(phrase: str) -> int:
+    return ["kept", "cache", "prefilled", "computed"].index(phrase.split(" ")[0])
+
+
+def format_turn(record: TurnRecord) -> str:
+    """One line: where the prompt's images came from (counted), the TTFT with reuse and, when measured, without;
+    e.g. ``turn 3 [kv]: 2 images: 1 kept (live prefix), 1 cache hit (memory) · TTFT 12.3 ms (kv) vs 45.6 ms
+    (none, cold) = 3.7x · 162 of 232 prompt tokens reused``."""
+    answer = record.answer
+    images = [images_summary(answer.images)]
+    hidden = record.num_images - len(answer.images)
+    if hidden:
+        images.append(f"{hidden} earlier image{'s' if hidden > 1 else ''} outside the window")
+    ttft = f"TTFT {record.ttft_ms:.1f} ms ({record.reuse})"
+    if record.cold_ttft_ms is not None:
+        ttft += f" vs {record.cold_ttft_ms:.1f} ms (none, cold) = {record.cold_ttft_ms / record.ttft_ms:.1f}x"
+    tokens = f"{answer.reused_tokens} of {answer.prompt_tokens} prompt tokens reused"
+    return f"turn {record.number} [{record.reuse}]: {'; '.join(images)} · {ttft} · {tokens}"
+
+
+def format_turn_log(turns: Sequence[TurnRecord]) -> str:
+    """Markdown: the latest turn's line in bold, then the earlier turns, newest first."""
+    if not turns:
+        return (
+            "*No turns yet: attach a screenshot and ask about it, or click the example steps below in order.*"
+        )
+    latest, *earlier = [format_turn(record) for record in reversed(turns)]
+    return "\n".join([f"**{latest}**", "", *(f"- {line}" for line in earlier)])
+
+
+def _human_bytes(num: int) -> str:
+    """``num`` bytes in decimal units: ``0 B``, ``43.0 kB``, ``1.2 MB``, ``3.4 GB``."""
+    if num < 1000:
+        return f"{num} B"
+    value, unit = num / 1000, "kB"
+    for larger in ("MB", "GB"):
+        if value < 1000:
+            break
+        value, unit = value / 1000, larger
+    return f"{value:.1f} {unit}"
+
+
+STATS_ROWS = ("hits", "misses", "entries", "bytes", "evictions", "corrupt", "write errors")
+
+
+def _stats_cells(stats: TierStats) -> tuple[str, ...]:
+    """``stats`` in the order of ``STATS_ROWS``."""
+    counts = (stats.hits, stats.misses, stats.entries, _human_bytes(stats.bytes), stats.evictions)
+    return tuple(str(value) for value in (*counts, stats.corrupt, stats.write_errors))
+
+
+def format_stats(backend: DemoBackend) -> str:
+    """A Markdown table of both stores' counters (shared by all browser sessions): one row per counter in
+    ``STATS_ROWS``, one column per store and tier: ``KV · memory``, ``KV · disk`` (the ``ImageKVStore``),
+    ``encoder · memory``, ``encoder · disk`` (the ``EncoderStore``); disk columns only with a store directory."""
+    with backend.lock:
+        stores = [("KV", backend.kv_store.stats()), ("encoder", backend.encoder_store.stats())]
+    columns = []  # (header, cells)
+    for name, stats in stores:
+        columns.append((f"{name} · memory", _stats_cells(stats.memory)))
+        if stats.disk is not None:
+            columns.append((f"{name} · disk", _stats_cells(stats.disk)))
+    lines = ["| counter | " + " | ".join(header for header, _ in columns) + " |"]
+    lines.append("|---|" + "---:|" * len(columns))
+    for row, counter in enumerate(STATS_ROWS):
+        lines.append(f"| {counter} | " + " | ".join(cells[row] for _, cells in columns) + " |")
+    lines += ["", "KV: the images' language-model KV · encoder: their vision-tower outputs."]
+    if backend.store_dir is None:
+        lines += ["", "No disk tier: start the demo with `--store DIR` to keep entries across restarts."]
+    return "\n".join(lines)
+
+
+def ttft_figure(turns: Sequence[TurnRecord]) -> Figure:
+    """TTFT (ms) per turn: one line per reuse policy the turns were answered with, and one for the cold full
+    recompute where it was measured (``COLD_LABEL``). A figure without lines when there are no turns."""
+    figure = Figure(figsize=(6.0, 3.4), layout="constrained")
+    axes = figure.add_subplot()
+    for policy in POLICIES:
+        points = [(record.number, record.ttft_ms) for record in turns if record.reuse == policy]
+        if points:
+            axes.plot([n for n, _ in points], [ms for _, ms in points], marker="o", label=f"reuse {policy}")
+    cold = [(record.number, record.cold_ttft_ms) for record in turns if record.cold_ttft_ms is not None]
+    if cold:
+        axes.plot(
+            [n for n, _ in cold],
+            [ms for _, ms in cold],
+            marker="s",
+            linestyle="--",
+            color="grey",
+            label=COLD_LABEL,
+        )
+    axes.set_title("Time to first token per turn")
+    axes.set_xlabel("turn")
+    axes.set_ylabel("TTFT (ms)")
+    last_turn = max((record.number for record in turns), default=1)
+    if last_turn <= 20:
+        axes.set_xticks(range(1, last_turn + 1))  # one tick per turn (a single turn is not 0.5 to 1.5 by 0.1)
+    else:
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlim(0.5, max((record.number for record in turns), default=1) + 0.5)
+    axes.set_ylim(bottom=0)
+    if axes.lines:
+        axes.legend(loc="best")
+    else:
+        axes.text(0.5, 0.5, "no turns yet", ha="center", va="center", transform=axes.transAxes)
+    return figure
