@@ -51,6 +51,7 @@ __all__ = [
     "GrammarSpec",
     "TokenConstraint",
     "Vocabulary",
+    "clear_caches",
     "compile_grammar",
     "constraint_for",
     "json_object",
@@ -316,6 +317,12 @@ def compile_grammar(vocab: Vocabulary, spec: GrammarSpec) -> CompiledGrammar:
     return CompiledGrammar(vocab, spec, matcher)
 
 
+def clear_caches() -> None:
+    """Forget every cached vocabulary, validated spec and compiled grammar (benchmarks of cold costs, tests)."""
+    for cached in (vocabulary, _check_schema, _validated, compile_grammar):
+        cached.cache_clear()
+
+
 def constraint_for(handle: ModelHandle, spec: GrammarSpec) -> GrammarConstraint:
     """A fresh constraint for one answer of ``handle``'s model (compiled once, then cached)."""
     return compile_grammar(vocabulary_of(handle), spec).start()
@@ -328,31 +335,44 @@ class GrammarConstraint:
     def __init__(self, vocab: Vocabulary, matcher: LLMatcher) -> None:
         self.vocab = vocab
         self._matcher = matcher
-        self._mask: torch.Tensor | None = None  # (vocab_size,) bool of the current state, until advance
+        self._possible = vocab.possible.numpy()  # (vocab_size,) bool, shares the vocabulary's memory
+        self._mask: np.ndarray | None = None  # (vocab_size,) bool of the current state, until advance
         self._ended = False  # the end of turn was taken
         self.num_tokens = 0  # tokens taken so far, the end of turn included
 
-    def allowed(self) -> torch.Tensor:
-        """``(vocab_size,)`` bool on the CPU: the tokens allowed next (none once the end of turn was taken).
-        Computed once per state and shared between calls: do not modify it in place."""
+    def _current(self) -> np.ndarray:
+        """The mask of the current state, computed on first use (numpy: a few microseconds cheaper than torch
+        per operation, which matters at one call per token)."""
         if self._mask is None:
-            mask = torch.zeros(self.vocab.vocab_size, dtype=torch.bool)  # (vocab_size,)
+            mask = np.zeros(self.vocab.vocab_size, dtype=np.bool_)  # (vocab_size,)
             if not self._ended:
-                bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)  # (ceil(n / 32) * 4,)
                 n = self.vocab.engine.vocab_size
-                mask[:n] = torch.from_numpy(np.unpackbits(bits, count=n, bitorder="little").view(np.bool_))
-                mask &= self.vocab.possible
+                words = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)  # (ceil(n / 32) * 4,)
+                bits = np.unpackbits(words, count=n, bitorder="little").view(np.bool_)  # (n,)
+                np.logical_and(bits, self._possible[:n], out=mask[:n])
             self._mask = mask
         return self._mask
 
+    def allowed(self) -> torch.Tensor:
+        """``(vocab_size,)`` bool on the CPU: the tokens allowed next (none once the end of turn was taken).
+        Computed once per state; a mask once returned is never changed (do not change it in place either)."""
+        return torch.from_numpy(self._current())
+
+    def allowed_ids(self) -> torch.Tensor:
+        """``(num_allowed,)`` int64 on the CPU, ascending: the ids ``allowed()`` marks. Cheaper to apply to a
+        large vocabulary than the mask: greedy is ``ids[logits[ids].argmax()]``, sampling draws from
+        ``logits[ids]``. Does not change state."""
+        return torch.from_numpy(np.flatnonzero(self._current()))
+
     def advance(self, token: int) -> None:
         """Take ``token``; raises ``ValueError`` (state unchanged) unless ``allowed()[token]``."""
-        if not 0 <= int(token) < self.vocab.vocab_size or not bool(self.allowed()[int(token)]):
+        token = int(token)
+        if not 0 <= token < self.vocab.vocab_size or not self._current()[token]:
             state = "the answer already ended" if self._ended else f"after {self.num_tokens} tokens"
-            raise ValueError(f"token {int(token)} is not allowed by the grammar ({state})")
-        ok = self._matcher.consume_token(int(token))
-        assert ok, f"llguidance refused token {int(token)} its own mask allowed: {self._matcher.get_error()}"
-        self._ended = int(token) == self.vocab.end_id
+            raise ValueError(f"token {token} is not allowed by the grammar ({state})")
+        ok = self._matcher.consume_token(token)
+        assert ok, f"llguidance refused token {token} its own mask allowed: {self._matcher.get_error()}"
+        self._ended = token == self.vocab.end_id
         self._mask = None
         self.num_tokens += 1
 

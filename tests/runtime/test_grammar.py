@@ -115,6 +115,7 @@ def drive(constraint: TokenConstraint, tokenizer, vocab: Vocabulary, seed: int, 
         assert mask.shape == (vocab.vocab_size,) and mask.dtype == torch.bool and mask.any()
         assert bool(mask[vocab.end_id]) == constraint.is_accepting()
         assert not mask[vision].any() and not mask[len(tokenizer) :].any()
+        assert torch.equal(constraint.allowed_ids(), torch.nonzero(mask).flatten())
         logits = torch.randn(vocab.vocab_size, generator=generator).masked_fill(~mask, float("-inf"))
         token = int(logits.argmax())
         constraint.advance(token)
@@ -202,7 +203,7 @@ def test_end_of_turn_and_finish(handle):
 
 def test_illegal_advance_raises_and_keeps_state(handle):
     """advance refuses a token the mask does not allow (text, end of turn too early, vision, out of range) with
-    a ValueError, and the constraint carries on unchanged."""
+    a ValueError, and the constraint carries on unchanged; a mask already returned stays as it was."""
     vocab = vocabulary_of(handle)
     constraint = constraint_for(handle, json_object())
     before = constraint.allowed().clone()
@@ -212,8 +213,9 @@ def test_illegal_advance_raises_and_keeps_state(handle):
         with pytest.raises(ValueError, match="not allowed"):
             constraint.advance(token)
     assert torch.equal(constraint.allowed(), before) and constraint.num_tokens == 0
+    returned = constraint.allowed()
     constraint.advance(int(torch.nonzero(before)[0]))
-    assert constraint.num_tokens == 1
+    assert constraint.num_tokens == 1 and torch.equal(returned, before)  # a returned mask is never changed
 
 
 def test_mask_covers_a_larger_model_vocabulary(handle):
