@@ -7,6 +7,7 @@ import copy
 import json
 import random
 import re
+from collections.abc import Callable
 
 import jsonschema
 import pytest
@@ -91,6 +92,27 @@ def max_bytes(schema: dict) -> int:
     return 2 + sum(len(json.dumps(k)) + 4 + max_bytes(v) for k, v in schema["properties"].items())
 
 
+def validates(schema: dict) -> Callable[[str], bool]:
+    """Whether a text is one JSON value valid against ``schema``."""
+
+    def check(text: str) -> bool:
+        try:
+            jsonschema.validate(json.loads(text), schema)
+        except (json.JSONDecodeError, jsonschema.ValidationError):
+            return False
+        return True
+
+    return check
+
+
+def is_hermes(text: str) -> bool:
+    """Whether a text is nothing but well-formed tool calls in the templates' layout."""
+    if not text.endswith("</tool_call>"):  # (cheap first: the check runs on every step)
+        return False
+    parsed = parse_tool_calls(text)
+    return bool(HERMES_TEXT.fullmatch(text)) and bool(parsed.calls) and not parsed.malformed
+
+
 def random_tools(rng: random.Random) -> list[dict]:
     names = rng.sample(["click", "type_text", "scroll", "open-url", "wait", "drag"], rng.randint(1, 4))
     return [
@@ -101,9 +123,17 @@ def random_tools(rng: random.Random) -> list[dict]:
 # ---- driving a constraint with random logits ----
 
 
-def drive(constraint: TokenConstraint, tokenizer, vocab: Vocabulary, seed: int, max_steps: int) -> list[int]:
+def drive(
+    constraint: TokenConstraint,
+    tokenizer,
+    vocab: Vocabulary,
+    seed: int,
+    max_steps: int,
+    is_complete: Callable[[str], bool] | None = None,
+) -> list[int]:
     """Greedy choice over seeded random logits under the mask until finished (or max_steps), checking on every
-    step: the end of turn allowed iff the answer is complete, no vision token, no id past the tokenizer."""
+    step: the end of turn allowed iff the constraint accepts, and iff ``is_complete(text so far)`` when given;
+    no vision token, no id past the tokenizer; allowed_ids() lists the mask."""
     generator = torch.Generator().manual_seed(seed)
     vision = tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))
     assert vocab.end_id == tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -114,6 +144,9 @@ def drive(constraint: TokenConstraint, tokenizer, vocab: Vocabulary, seed: int, 
         mask = constraint.allowed()
         assert mask.shape == (vocab.vocab_size,) and mask.dtype == torch.bool and mask.any()
         assert bool(mask[vocab.end_id]) == constraint.is_accepting()
+        if is_complete is not None:
+            text = tokenizer.backend_tokenizer.decode(ids, skip_special_tokens=True)  # (the Rust call: fast)
+            assert bool(mask[vocab.end_id]) == is_complete(text), text
         assert not mask[vision].any() and not mask[len(tokenizer) :].any()
         assert torch.equal(constraint.allowed_ids(), torch.nonzero(mask).flatten())
         logits = torch.randn(vocab.vocab_size, generator=generator).masked_fill(~mask, float("-inf"))
@@ -133,13 +166,17 @@ def test_constraint_follows_the_protocol(handle):
 
 def test_json_schema_output_validates_and_ends(handle):
     """20 random bounded schemas, random logits: the text json.loads, validates, and the answer finishes within
-    the schema's byte bound (strict and not strict alike)."""
+    the schema's byte bound (strict and not strict alike); the end of turn is allowed exactly when the text so
+    far is a valid answer."""
     vocab = vocabulary_of(handle)
     for seed in range(NUM_CASES):
         schema = random_object(random.Random(seed))
         spec = json_schema(schema, strict=seed % 2 == 0)
         bound = max_bytes(schema) + 1  # + the end of turn
-        ids = drive(compile_grammar(vocab, spec).start(), handle.tokenizer, vocab, seed, max_steps=bound + 1)
+        constraint = compile_grammar(vocab, spec).start()
+        ids = drive(
+            constraint, handle.tokenizer, vocab, seed, max_steps=bound + 1, is_complete=validates(schema)
+        )
         assert len(ids) <= bound, (schema, handle.tokenizer.decode(ids))
         text = handle.tokenizer.decode(ids, skip_special_tokens=True)
         jsonschema.validate(json.loads(text), schema)
@@ -161,7 +198,8 @@ def test_json_object_output_is_an_object(handle):
 @pytest.mark.parametrize("parallel", [False, True])
 def test_tool_calls_parse_and_validate(handle, parallel):
     """20 random tool lists, `required` and named in turn: the answer parses as hermes calls with nothing else,
-    of listed tools (the named one when named), arguments valid; one call, or with parallel at least one."""
+    of listed tools (the named one when named), arguments valid; one call, or with parallel at least one; the
+    end of turn is allowed exactly after a complete call."""
     vocab = vocabulary_of(handle)
     for seed in range(NUM_CASES):
         rng = random.Random(seed)
@@ -171,7 +209,8 @@ def test_tool_calls_parse_and_validate(handle, parallel):
         spec = tool_calls(tools, {"name": named} if named else "required", parallel=parallel)
         longest = max(len(format_tool_calls([ToolCall(n, {})])) + max_bytes(p) for n, p in by_name.items())
         steps = 20 * (longest + 1) if parallel else longest + 1
-        ids = drive(compile_grammar(vocab, spec).start(), handle.tokenizer, vocab, seed, max_steps=steps + 1)
+        constraint = compile_grammar(vocab, spec).start()
+        ids = drive(constraint, handle.tokenizer, vocab, seed, max_steps=steps + 1, is_complete=is_hermes)
         text = handle.tokenizer.decode(ids, skip_special_tokens=True)
         assert len(ids) <= steps, text
         parsed = parse_tool_calls(text)
