@@ -18,7 +18,8 @@ Three steps, each paying its own cost once:
         constraint.advance(token)                          # the end of turn too: then is_finished()
 
 JSON is written compact with ``json.dumps``' default separators (``", "`` and ``": "``) and no other whitespace,
-the text the Qwen templates render and the models are trained on. ``<|im_end|>`` is allowed exactly when the
+the text the Qwen templates render and the models are trained on; objects that declare properties admit no
+others unless the schema says so (``json_schemas.close_objects``). ``<|im_end|>`` is allowed exactly when the
 answer so far is complete; vision tokens, and ids past the tokenizer (padding rows of the embedding), never are.
 Knows nothing about models beyond a tokenizer and a vocabulary size.
 """
@@ -31,7 +32,6 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-import jsonschema
 import llguidance
 import llguidance.hf
 import numpy as np
@@ -39,13 +39,13 @@ import torch
 from llguidance import LLMatcher
 
 from ..errors import GrammarError
+from .json_schemas import check_schema, json_rule
 from .toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 if TYPE_CHECKING:
     from ..model.handle import ModelHandle
 
 __all__ = [
-    "JSON_FORMAT",
     "CompiledGrammar",
     "GrammarConstraint",
     "GrammarSpec",
@@ -61,8 +61,6 @@ __all__ = [
     "vocabulary_of",
 ]
 
-# llguidance's JSON options for every schema: json.dumps' separators, no flexible whitespace
-JSON_FORMAT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 END_OF_TURN = "<|im_end|>"
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
@@ -106,37 +104,6 @@ class GrammarSpec:
             raise ValueError(f"a grammar spec's Lark text starts with its start rule, got {self.lark[:40]!r}")
 
 
-def _json_rule(schema: dict[str, Any], lenient: bool) -> str:
-    """``%json {...}``: the schema with this module's JSON options (any ``x-guidance`` of its own replaced)."""
-    return "%json " + json.dumps({**schema, "x-guidance": {**JSON_FORMAT, "lenient": lenient}})
-
-
-@functools.lru_cache(maxsize=256)
-def _check_schema(where: str, schema_json: str, lenient: bool) -> tuple[str, ...]:
-    """Raise a ``GrammarError`` if the schema is invalid or (unless lenient) uses a keyword llguidance cannot
-    enforce; else the engine's warnings (the keywords it will ignore). Cached: a request repeats its schema."""
-    schema = json.loads(schema_json)
-    try:
-        jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(
-            schema
-        )
-    except jsonschema.SchemaError as e:
-        raise GrammarError(
-            f"{where} is not a valid JSON schema: {e.message} (at {e.json_path}); fix it"
-        ) from None
-    grammar = LLMatcher.grammar_from_json_schema(schema, defaults={**JSON_FORMAT, "lenient": lenient})
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
-    if is_error:
-        reason = messages[0].strip().splitlines()[0]
-        hint = (
-            "remove them, or send strict: false to have them ignored"
-            if "Unimplemented" in reason or "Unknown format" in reason
-            else "change the schema"
-        )
-        raise GrammarError(f"{where} cannot be enforced: {reason}; {hint}")
-    return tuple(messages)
-
-
 @functools.lru_cache(maxsize=256)
 def _validated(kind: GrammarKind, lark: str, label: str, warnings: tuple[str, ...]) -> GrammarSpec:
     """The spec, after the whole grammar passes the engine's check (its parts were checked one by one).
@@ -150,7 +117,7 @@ def _validated(kind: GrammarKind, lark: str, label: str, warnings: tuple[str, ..
 
 def json_object() -> GrammarSpec:
     """Any JSON object (OpenAI ``response_format: {"type": "json_object"}``)."""
-    return _validated("json_object", "start: " + _json_rule({"type": "object"}, False), "json_object", ())
+    return _validated("json_object", "start: " + json_rule({"type": "object"}, False), "json_object", ())
 
 
 def json_schema(schema: dict[str, Any], strict: bool = False) -> GrammarSpec:
@@ -161,9 +128,9 @@ def json_schema(schema: dict[str, Any], strict: bool = False) -> GrammarSpec:
         raise GrammarError(
             f"response_format.json_schema.schema must be a JSON object, got {type(schema).__name__}"
         )
-    warnings = _check_schema("response_format.json_schema.schema", json.dumps(schema), not strict)
+    warnings = check_schema("response_format.json_schema.schema", json.dumps(schema), not strict)
     label = "json_schema(strict)" if strict else "json_schema"
-    return _validated("json_schema", "start: " + _json_rule(schema, not strict), label, warnings)
+    return _validated("json_schema", "start: " + json_rule(schema, not strict), label, warnings)
 
 
 def _function(index: int, tool: Any) -> tuple[str, dict[str, Any], bool]:
@@ -226,10 +193,10 @@ def tool_calls(tools: list[dict[str, Any]], mode: Any = "required", parallel: bo
         if chosen is not None and name != chosen:
             continue
         where = f"tools[{i}].function.parameters"
-        warnings += _check_schema(where, json.dumps(parameters), not strict)
+        warnings += check_schema(where, json.dumps(parameters), not strict)
         head = json.dumps(f'\n{{"name": "{name}", "arguments": ')
         rules.append(f'call_{i}: tool_call_open {head} args_{i} "}}\\n" tool_call_close')
-        rules.append(f"args_{i}: {_json_rule(parameters, not strict)}")
+        rules.append(f"args_{i}: {json_rule(parameters, not strict)}")
         alternatives.append(f"call_{i}")
     start = 'start: call ("\\n" call)*' if parallel else "start: call"
     lark = "\n".join([start, "call: " + " | ".join(alternatives), *rules]) + "\n"
@@ -246,9 +213,7 @@ class Vocabulary:
     vocab_size: int  # the model's vocabulary (embedding rows): every mask has this length
     end_id: int  # <|im_end|>: allowed exactly when the answer is complete
     possible: torch.Tensor  # (vocab_size,) bool: False for ids never allowed (vision, past the tokenizer)
-    tag_rules: (
-        str  # Lark rules tool_call_open / tool_call_close: a tag's own token id if it is an added token
-    )
+    tag_rules: str  # Lark rules tool_call_open / tool_call_close: the tag's token id if it is an added token
 
     def __post_init__(self) -> None:
         assert self.possible.shape == (self.vocab_size,) and self.possible.dtype == torch.bool
@@ -319,7 +284,7 @@ def compile_grammar(vocab: Vocabulary, spec: GrammarSpec) -> CompiledGrammar:
 
 def clear_caches() -> None:
     """Forget every cached vocabulary, validated spec and compiled grammar (benchmarks of cold costs, tests)."""
-    for cached in (vocabulary, _check_schema, _validated, compile_grammar):
+    for cached in (vocabulary, check_schema, _validated, compile_grammar):
         cached.cache_clear()
 
 
