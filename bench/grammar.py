@@ -9,11 +9,12 @@ Run::
         # to Qwen3-VL's 151,936 embedding rows: the vocabulary size that sets the mask's cost in production
 
 Per tokenizer and grammar (a bounded JSON schema; a `required` choice among four tools), prints tokens per
-answer and the median per-token cost with min-max of three greedy steps over the same seeded random logits,
-interleaved A B C A B C in one process: ``argmax`` alone (unconstrained), ``mask`` (``allowed()``, -inf
-elsewhere, argmax, ``advance``) and ``ids`` (``allowed_ids()``, argmax among them, ``advance``). Then the
-one-off costs: the vocabulary (built once per tokenizer), a spec (validation, cold), compile + first mask
-(cold) and start + first mask (compiled grammar cached).
+answer and the median per-token cost [min-max] of four arms over the same seeded random logits, interleaved
+A B C D A B C D in one process: ``argmax`` alone (unconstrained), ``grammar`` (the constraint's own work:
+``allowed_ids()`` and ``advance`` replaying the answer), ``mask`` (``allowed()``, -inf elsewhere, argmax,
+``advance``) and ``ids`` (``allowed_ids()``, argmax among them, ``advance``). Then the one-off costs: the
+vocabulary (built once per tokenizer), a spec (validation, cold), compile + first mask (cold) and start + first
+mask (compiled grammar cached).
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ def per_token_us(
     vocab: Vocabulary, spec: GrammarSpec, repeats: int, device: str, max_tokens: int = 256
 ) -> dict:
     """Per-token cost of a greedy step, interleaved, over the same precomputed random logits: ``argmax`` alone
-    (unconstrained), ``mask`` (allowed(), fill the rest with -inf, argmax, advance) and ``ids`` (allowed_ids(),
-    argmax among them, advance). Each repeat starts a new answer from the cached compiled grammar."""
+    (unconstrained), ``grammar`` (the constraint's own work: allowed_ids() and advance() replaying the answer),
+    ``mask`` (allowed(), fill the rest with -inf, argmax, advance) and ``ids`` (allowed_ids(), argmax among
+    them, advance). Each repeat starts a new answer from the cached compiled grammar."""
     compiled = compile_grammar(vocab, spec)
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(max_tokens, vocab.vocab_size, generator=generator).to(device)  # (T, vocab)
@@ -120,6 +122,21 @@ def per_token_us(
             step += 1
         return step
 
+    answer: list[int] = []  # the greedy answer's tokens, replayed by the "grammar" arm
+
+    def grammar_only() -> int:
+        if not answer:
+            constraint, step = compiled.start(), 0
+            while not constraint.is_finished() and step < max_tokens:
+                answer.append(int(logits[step].masked_fill(~constraint.allowed(), float("-inf")).argmax()))
+                constraint.advance(answer[-1])
+                step += 1
+        constraint = compiled.start()
+        for token in answer:
+            constraint.allowed_ids()
+            constraint.advance(token)
+        return len(answer)
+
     def unconstrained() -> int:
         for step in range(max_tokens):
             int(logits[step].argmax())
@@ -133,7 +150,7 @@ def per_token_us(
             lengths.append(steps)
         return 1e3 * elapsed_ms / steps  # microseconds per token, in Timing's millisecond slot
 
-    arms = {"argmax": unconstrained, "mask": by_mask, "ids": by_ids}
+    arms = {"argmax": unconstrained, "grammar": grammar_only, "mask": by_mask, "ids": by_ids}
     timings = interleave(arms, repeats, measure=measure)
     return {"tokens": max(lengths), **timings}
 
@@ -178,7 +195,7 @@ def bench(tokenizers: dict[str, tuple], repeats: int, device: str = "cpu") -> li
                     "grammar": spec_name,
                     "tokens": tokens["tokens"],
                     "device": device,
-                    **{f"{arm}_us": tokens[arm].as_dict() for arm in ("argmax", "mask", "ids")},
+                    **{f"{arm}_us": tokens[arm].as_dict() for arm in ("argmax", "grammar", "mask", "ids")},
                     **{f"{name}_ms": timing.as_dict() for name, timing in once.items()},
                 }
             )
@@ -192,14 +209,14 @@ def _cell(d: dict, digits: int = 1) -> str:
 def table(rows: list[dict]) -> str:
     """A Markdown table of the rows: per-token medians [min-max] in microseconds, one-off costs in ms."""
     head = (
-        "| tokenizer | vocab | grammar | tokens | argmax us/token | mask us/token | ids us/token "
+        "| tokenizer | vocab | grammar | tokens | argmax us/token | grammar us/token | mask us/token | ids us/token "
         "| vocabulary ms | spec ms | compile + 1st mask ms | start + 1st mask ms |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         lines.append(
             f"| {r['tokenizer']} | {r['vocab']} | {r['grammar']} | {r['tokens']} | {_cell(r['argmax_us'])} "
-            f"| {_cell(r['mask_us'])} | {_cell(r['ids_us'])} | {_cell(r['vocabulary_ms'], 1)} "
+            f"| {_cell(r['grammar_us'])} | {_cell(r['mask_us'])} | {_cell(r['ids_us'])} | {_cell(r['vocabulary_ms'], 1)} "
             f"| {_cell(r['spec_ms'], 1)} | {_cell(r['compile_ms'], 1)} | {_cell(r['start_ms'], 2)} |"
         )
     return "\n".join(lines)

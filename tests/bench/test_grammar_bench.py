@@ -13,6 +13,15 @@ def test_grammar_bench_smoke():
     assert [row["grammar"] for row in rows] == list(MAKERS)
     for row in rows:
         assert row["tokens"] > 0 and row["vocab"] == len(handle.tokenizer)
-        for key in ("argmax_us", "mask_us", "ids_us", "vocabulary_ms", "spec_ms", "compile_ms", "start_ms"):
+        for key in (
+            "argmax_us",
+            "grammar_us",
+            "mask_us",
+            "ids_us",
+            "vocabulary_ms",
+            "spec_ms",
+            "compile_ms",
+            "start_ms",
+        ):
             assert row[key]["median"] > 0, key
     assert table(rows).count("\n") == 3
