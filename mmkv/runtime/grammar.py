@@ -124,11 +124,10 @@ def json_schema(schema: dict[str, Any], strict: bool = False) -> GrammarSpec:
     """JSON valid against ``schema`` (OpenAI ``response_format: json_schema``). ``strict``: refuse a keyword the
     engine cannot enforce (``uniqueItems``, ``if``/``then``, ``not``, ...); not strict: ignore it (listed in
     ``warnings``), so the output always parses but may break that keyword. Raises ``GrammarError``."""
+    where = "response_format.json_schema.schema"
     if not isinstance(schema, dict):
-        raise GrammarError(
-            f"response_format.json_schema.schema must be a JSON object, got {type(schema).__name__}"
-        )
-    warnings = check_schema("response_format.json_schema.schema", json.dumps(schema), not strict)
+        raise GrammarError(f"{where} must be a JSON object, got {type(schema).__name__}")
+    warnings = tuple(f"{where}: {w}" for w in check_schema(where, json.dumps(schema), not strict))
     label = "json_schema(strict)" if strict else "json_schema"
     return _validated("json_schema", "start: " + json_rule(schema, not strict), label, warnings)
 
@@ -193,7 +192,7 @@ def tool_calls(tools: list[dict[str, Any]], mode: Any = "required", parallel: bo
         if chosen is not None and name != chosen:
             continue
         where = f"tools[{i}].function.parameters"
-        warnings += check_schema(where, json.dumps(parameters), not strict)
+        warnings += [f"{where}: {w}" for w in check_schema(where, json.dumps(parameters), not strict)]
         head = json.dumps(f'\n{{"name": "{name}", "arguments": ')
         rules.append(f'call_{i}: tool_call_open {head} args_{i} "}}\\n" tool_call_close')
         rules.append(f"args_{i}: {json_rule(parameters, not strict)}")
