@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "EmptyImageError",
+    "GrammarError",
     "ImageError",
     "ImageShapeError",
     "ImageTooLargeError",
@@ -69,3 +70,9 @@ class StoreUnavailableError(MmkvError, OSError):
 
 class PromptTooLongError(MmkvError, ValueError):
     """A prompt that needs more positions than the model has (``max_position_embeddings``)."""
+
+
+class GrammarError(MmkvError, ValueError):
+    """A response format or tool list that cannot become a token constraint: an invalid JSON schema, a schema
+    keyword the grammar engine cannot enforce (under ``strict``), an empty tool list, a named tool that is not
+    listed. The message names the offending field and what to change (the server answers it with a 400)."""
