@@ -42,10 +42,10 @@ if __name__ == "__main__":  # run as a script: make the repository root importab
 import torch
 
 import mmkv
+from bench.models import add_model_arguments, load_model, model_arguments
 from bench.timing import interleave
 from evals.compose import make_preamble
 from mmkv.cache import ImageKVStore
-from mmkv.model.reference import REFERENCE_ARCHS, build_reference
 
 SYSTEM = "You are an agent. The user's notes follow."
 QUESTION = "Which page was opened last? Answer with one word."
@@ -128,7 +128,7 @@ def _child_precompile(args) -> None:
 def store_part(handle: mmkv.ModelHandle, args, repeats: int) -> dict:
     """A segment precompiled into a disk store by another process, loaded here: equality and times."""
     with tempfile.TemporaryDirectory() as directory:
-        command = [sys.executable, str(Path(__file__).resolve()), *_model_args(args), "--child", directory]
+        command = [sys.executable, str(Path(__file__).resolve()), *model_arguments(args), "--child", directory]
         command += ["--store-length", str(args.store_length)]
         subprocess.run(command, check=True, cwd=ROOT, timeout=1800)
         text = segment_text(handle, args.store_length)
@@ -173,22 +173,9 @@ def store_part(handle: mmkv.ModelHandle, args, repeats: int) -> dict:
     }
 
 
-def _model_args(args) -> list[str]:
-    if args.arch:
-        out = ["--arch", args.arch]
-        out += ["--lm-layers", str(args.lm_layers)] if args.lm_layers else []
-        return out + (["--vision-layers", str(args.vision_layers)] if args.vision_layers else [])
-    return ["--model", args.model]
-
-
 def _handle(args) -> mmkv.ModelHandle:
-    if args.arch:
-        return build_reference(args.arch, args.lm_layers, args.vision_layers, "cpu", torch.float32)
-    handle = mmkv.load(args.model, device="cpu")
-    needed = 2 * max([*args.lengths, args.store_length]) + 1024
-    if handle.max_positions < needed:  # tiny models: room for the longest segment (see the module docstring)
-        handle.text_config.max_position_embeddings = needed
-    return handle
+    """The model, with room for the longest segment (see the module docstring)."""
+    return load_model(args, min_positions=2 * max([*args.lengths, args.store_length]) + 1024)
 
 
 def _range(t: dict) -> str:
@@ -199,10 +186,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="tiny-qwen3-vl", help="a name mmkv.load understands")
-    parser.add_argument("--arch", choices=REFERENCE_ARCHS, help="random weights of a released model's size")
-    parser.add_argument("--lm-layers", type=int, default=None)
-    parser.add_argument("--vision-layers", type=int, default=None)
+    add_model_arguments(parser, "tiny-qwen3-vl", device="cpu")
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192, 16384, 32768])
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds per length")
     parser.add_argument("--fit-from", type=int, default=2048, help="fit the growth over L >= this")

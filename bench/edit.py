@@ -29,7 +29,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch  # noqa: E402
 
 import mmkv  # noqa: E402
-from bench.session import _handle  # noqa: E402
+from bench.models import add_model_arguments, load_model  # noqa: E402
 from bench.timing import interleave  # noqa: E402
 from mmkv.synthetic import synthetic_screenshot  # noqa: E402
 from mmkv.text import STRATEGIES  # noqa: E402
@@ -92,19 +92,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="tiny-qwen3-vl", help="a name mmkv.load understands")
-    parser.add_argument("--arch", default=None, help="random weights of a released model's size")
-    parser.add_argument("--lm-layers", type=int, default=None)
-    parser.add_argument("--vision-layers", type=int, default=None)
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default="float32")
+    add_model_arguments(parser, "tiny-qwen3-vl")
     parser.add_argument("--max-pixels", type=int, default=None)
     parser.add_argument("--shots", type=int, default=3, help="screenshots after the policy")
     parser.add_argument("--size", type=int, default=448, help="screenshot width in pixels")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args()
-    handle = _handle(args)
+    handle = load_model(args)
     rows = run(handle, args.shots, args.size, args.repeats)
     full = next(r for r in rows if r["strategy"] == "full")
     print(f"{args.arch or args.model}: context of {full['context_tokens']} tokens, field near the start")

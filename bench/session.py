@@ -42,9 +42,9 @@ import torch
 from tqdm import tqdm
 
 import mmkv
+from bench.models import add_model_arguments, load_model
 from bench.timing import Timing, interleave
 from mmkv.cache import EncoderStore, ImageKVStore
-from mmkv.model.reference import REFERENCE_ARCHS, build_reference
 from mmkv.synthetic import synthetic_screenshot
 
 POLICIES = ("none", "encoder", "kv")
@@ -305,13 +305,6 @@ def _print(handle, results: dict) -> None:
             print(f"{arm:28s} {row['cosine']:9.5f} {row['max_abs']:9.2e} {str(row['same_argmax']):>10s}")
 
 
-def _handle(args) -> mmkv.ModelHandle:
-    dtype = getattr(torch, args.dtype)
-    if args.arch:
-        return build_reference(args.arch, args.lm_layers, args.vision_layers, args.device or "cpu", dtype)
-    return mmkv.load(args.model, device=args.device, dtype=dtype)
-
-
 if __name__ == "__main__":
     from mmkv.cli import install_error_hook
 
@@ -319,12 +312,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="tiny-qwen3-vl", help="a name mmkv.load understands")
-    parser.add_argument("--arch", choices=REFERENCE_ARCHS, help="random weights of a released model's size")
-    parser.add_argument("--lm-layers", type=int, default=None)
-    parser.add_argument("--vision-layers", type=int, default=None)
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default="float32")
+    add_model_arguments(parser, "tiny-qwen3-vl")
     parser.add_argument("--turns", type=int, default=12, help="trajectory turns (0: skip)")
     parser.add_argument("--window", type=int, default=4)
     parser.add_argument("--shot-size", type=int, default=448, help="trajectory screenshot width in pixels")
@@ -336,7 +324,7 @@ if __name__ == "__main__":
     parser.add_argument("--max-pixels", type=int, default=None, help="override the processor's pixel bound")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
-    handle = _handle(args)
+    handle = load_model(args)
     if args.max_pixels:
         handle.processor.image_processor.size = {
             **dict(handle.processor.image_processor.size),

@@ -51,9 +51,8 @@ def _forward_alone(handle, session: mmkv.Session, question: str, prefilled: int)
 
 
 def run(model: str, turns: int, repeats: int, size: int) -> dict:
-    handle = mmkv.load(model, device="cpu")
     # 200 turns need more positions than the small models were trained for: fine for timing, not for answers
-    handle.text_config.max_position_embeddings = max(handle.text_config.max_position_embeddings, 1 << 16)
+    handle = mmkv.load(model, device="cpu").with_position_limit(1 << 16)
     session = mmkv.Session(handle)
     session.add_text("You operate a desktop app. Reply with one tool call.", role="system")
     out = {"model": model, "turns": [], "total_ms": [], "forward_ms": [], "host_ms": [], "prompt_tokens": []}

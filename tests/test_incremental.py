@@ -156,3 +156,49 @@ def test_templates_that_rewrite_text_or_count_across_messages_still_lay_out_exac
         if template is _TRIMMING:
             with pytest.raises(mmkv.UnsupportedInputError, match="rewrites message text"):
                 session.prompt_layout("q?")
+
+
+def _resent(tiny, turns: int, window: int) -> list[mmkv.conversation.Conversation]:
+    """What a server builds from an agent's requests: a new ``Conversation`` per request holding the whole
+    history again (new message objects, the same content), the last ``window`` screenshots kept."""
+    from mmkv.conversation import Conversation, ConversationImage
+    from mmkv.cache import image_digest
+
+    shots = []
+    for t in range(turns):
+        image = random_image(40 + t, GRIDS[t % len(GRIDS)], tiny.processor.patch_size)
+        shots.append(ConversationImage(image, image_digest(image, tiny.processor, tiny.fingerprint),
+                                       tiny.processor.image_grid(image)))  # fmt: skip
+    requests = []
+    for turn in range(turns):
+        conversation = Conversation()
+        conversation.add_text("You operate a desktop app.", "system")
+        for t in range(turn + 1):
+            conversation.add_text(f"Step {t}: here is the screen.", "user", new_message=True)
+            if t >= turn + 1 - window:
+                conversation.add_image(shots[t], "user")
+            if t < turn:
+                conversation.add_text(f"click(button_{t})", "assistant")
+        requests.append(conversation)
+    return requests
+
+
+def test_a_resent_history_renders_only_what_is_new(tiny):
+    """One builder serving a server's requests: each request is a new Conversation resending the history, yet
+    only the messages that are new in it (or changed by the window) are rendered, and every layout equals a
+    full re-render. Another agent's identical opening is not rendered again either."""
+    builder = mmkv.prompt.LayoutBuilder(tiny)
+    rendered = []
+    for conversation in _resent(tiny, 12, 3):
+        before = builder.blocks_rendered
+        layout = builder.build(conversation, add_generation_prompt=True)
+        _same_layout(layout, full_layout(tiny, conversation, add_generation_prompt=True))
+        rendered.append(builder.blocks_rendered - before)
+    assert rendered[0] == 2  # system, first user message
+    # each later turn: the previous answer, the new user message, and the one message whose screenshot left
+    assert all(count <= 3 for count in rendered[1:]), rendered
+    again = builder.blocks_rendered
+    for conversation in _resent(tiny, 12, 3):  # the same histories once more: all from the caches
+        _same_layout(builder.build(conversation, add_generation_prompt=True),
+                     full_layout(tiny, conversation, add_generation_prompt=True))  # fmt: skip
+    assert builder.blocks_rendered == again

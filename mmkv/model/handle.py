@@ -9,6 +9,7 @@ one fingerprint must never be served to another.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -104,6 +105,7 @@ class ModelHandle:
     layout: RotaryLayout  # rotary channel layout of the language model
     position_rule: PositionRule  # M-RoPE position rule (merge size)
     fingerprint: ModelFingerprint  # config + weights + dtype identity, for cache keys
+    position_limit: int | None = None  # a bound on positions other than the config's (with_position_limit)
     _variants: dict = field(default_factory=dict, repr=False)  # (eager, num_layers) -> model sharing weights
     _variants_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -152,10 +154,20 @@ class ModelHandle:
         """``(layers, kv heads, head_dim)`` of every KV segment this model makes."""
         return self.num_layers, int(self.text_config.num_key_value_heads), int(self.layout.head_dim)
 
-    @property  # not cached: callers may lower it (tests, benchmarks)
+    @property
     def max_positions(self) -> int:
-        """Positions the language model supports (``max_position_embeddings``; unbounded when unset)."""
+        """Positions the language model supports (``max_position_embeddings``; unbounded when unset), or the
+        handle's own ``position_limit``."""
+        if self.position_limit is not None:
+            return self.position_limit
         return int(getattr(self.text_config, "max_position_embeddings", None) or 1 << 62)
+
+    def with_position_limit(self, limit: int) -> ModelHandle:
+        """The same model under another bound on positions (a benchmark timing long prompts on a model trained
+        on short ones): a new handle sharing everything; this one and its model's config are unchanged."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        return dataclasses.replace(self, position_limit=limit)
 
     @functools.cached_property
     def kv_bytes_per_token(self) -> int:
