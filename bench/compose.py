@@ -128,7 +128,13 @@ def _child_precompile(args) -> None:
 def store_part(handle: mmkv.ModelHandle, args, repeats: int) -> dict:
     """A segment precompiled into a disk store by another process, loaded here: equality and times."""
     with tempfile.TemporaryDirectory() as directory:
-        command = [sys.executable, str(Path(__file__).resolve()), *model_arguments(args), "--child", directory]
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            *model_arguments(args),
+            "--child",
+            directory,
+        ]
         command += ["--store-length", str(args.store_length)]
         subprocess.run(command, check=True, cwd=ROOT, timeout=1800)
         text = segment_text(handle, args.store_length)

@@ -22,14 +22,22 @@ __all__ = ["add_model_arguments", "load_model", "model_arguments"]
 
 
 def add_model_arguments(
-    parser: argparse.ArgumentParser, default: str = "tiny-qwen3-vl", *, arch: bool = True, device: str | None = None
+    parser: argparse.ArgumentParser,
+    default: str = "tiny-qwen3-vl",
+    *,
+    arch: bool = True,
+    device: str | None = None,
 ) -> None:
     """Add ``--model`` (and with ``arch`` ``--arch``, ``--lm-layers``, ``--vision-layers``), ``--device`` and
     ``--dtype`` to ``parser``."""
     parser.add_argument("--model", default=default, help="a name mmkv.load understands")
     if arch:
-        parser.add_argument("--arch", choices=REFERENCE_ARCHS, help="random weights of a released model's size")
-        parser.add_argument("--lm-layers", type=int, default=None, help="with --arch: language-model layers kept")
+        parser.add_argument(
+            "--arch", choices=REFERENCE_ARCHS, help="random weights of a released model's size"
+        )
+        parser.add_argument(
+            "--lm-layers", type=int, default=None, help="with --arch: language-model layers kept"
+        )
         parser.add_argument("--vision-layers", type=int, default=None, help="with --arch: vision layers kept")
     parser.add_argument("--device", default=device, help="cpu or cuda (default: mmkv.load's)")
     parser.add_argument("--dtype", default="float32")

@@ -90,7 +90,9 @@ def run(model: str, turns: int, agents: int, window: int, max_tokens: int) -> di
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="small-qwen3-vl")
     parser.add_argument("--turns", type=int, default=40)
     parser.add_argument("--agents", type=int, default=3, help="conversations, one after another")

@@ -132,7 +132,9 @@ def make_arms(seam: int = 1) -> dict[str, Arm]:
         "kv-temporal-only": Arm(
             "kv-temporal-only", mmkv.SessionConfig.of(reuse="kv", seam=0, rotate_axes=(0,)), "shifted"
         ),
-        "kv-no-rotate": Arm("kv-no-rotate", mmkv.SessionConfig.of(reuse="kv", seam=0, rotate=False), "shifted"),
+        "kv-no-rotate": Arm(
+            "kv-no-rotate", mmkv.SessionConfig.of(reuse="kv", seam=0, rotate=False), "shifted"
+        ),
     }
 
 
@@ -230,7 +232,9 @@ def _run_arm(
     session = build_session(handle, sample, arm.config, store, encoder_store)
     targets = image_starts(session, sample.question)
     if arm.warm == "same":
-        warm = build_session(handle, sample, mmkv.SessionConfig.of(reuse=arm.config.reuse), store, encoder_store)
+        warm = build_session(
+            handle, sample, mmkv.SessionConfig.of(reuse=arm.config.reuse), store, encoder_store
+        )
         warm.next_token_logits(sample.question)
     elif arm.warm == "shifted":
         shifted_warm_session(handle, sample, targets, store, encoder_store).next_token_logits(WARM_QUESTION)

@@ -61,7 +61,9 @@ class SessionConfig:
     policy: TurnPolicy = field(default_factory=TurnPolicy)  # reuse, seam, rotation (the per-turn settings)
     window: int | None = None  # keep only the last N images in the prompt (None: all)
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # refuse larger inputs (decompression bombs)
-    max_prompt_tokens: int | None = None  # token budget of the prompt: oldest turns dropped to fit (None: none)
+    max_prompt_tokens: int | None = (
+        None  # token budget of the prompt: oldest turns dropped to fit (None: none)
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, TurnPolicy):

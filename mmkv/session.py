@@ -177,7 +177,9 @@ class Session:
         ``Answer`` is ``last_answer`` once the iterator is exhausted. Holds the session's lock until then; an
         iterator closed early leaves the conversation as it was. Arguments are checked at the call."""
         check_question(question), check_sampling(sampling)
-        options = DecodeOptions(check_int(max_new_tokens, "max_new_tokens", 1), sampling, tuple(stops), logprobs)
+        options = DecodeOptions(
+            check_int(max_new_tokens, "max_new_tokens", 1), sampling, tuple(stops), logprobs
+        )
         return self._turn(question, options, constraint)
 
     def _turn(self, question: str, options: DecodeOptions, constraint) -> Iterator[str]:

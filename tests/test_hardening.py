@@ -239,7 +239,9 @@ def test_a_long_session_stays_within_its_token_budget(tiny):
     system text and a pinned field survive, logits equal a recompute of the same (trimmed) prompt (the exact
     policy, encoder: kv would splice moved KV, an approximation the evals measure), and a turn
     that cannot fit even with every old turn dropped raises PromptTooLongError with nothing changed."""
-    session = mmkv.Session(tiny, config=mmkv.SessionConfig.of(reuse="encoder", window=4, max_prompt_tokens=400))
+    session = mmkv.Session(
+        tiny, config=mmkv.SessionConfig.of(reuse="encoder", window=4, max_prompt_tokens=400)
+    )
     session.add_text("System rules. role: {role}.", role="system", fields={"role": "admin"})
     sizes = []
     for turn in range(120):

@@ -161,8 +161,8 @@ def test_templates_that_rewrite_text_or_count_across_messages_still_lay_out_exac
 def _resent(tiny, turns: int, window: int) -> list[mmkv.conversation.Conversation]:
     """What a server builds from an agent's requests: a new ``Conversation`` per request holding the whole
     history again (new message objects, the same content), the last ``window`` screenshots kept."""
-    from mmkv.conversation import Conversation, ConversationImage
     from mmkv.cache import image_digest
+    from mmkv.conversation import Conversation, ConversationImage
 
     shots = []
     for t in range(turns):

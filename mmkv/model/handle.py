@@ -195,7 +195,9 @@ class ModelHandle:
                     found.set_attn_implementation("eager")
                 if num_layers is not None:
                     language_model = found.model.language_model
-                    language_model.layers = type(language_model.layers)(list(language_model.layers)[:num_layers])
+                    language_model.layers = type(language_model.layers)(
+                        list(language_model.layers)[:num_layers]
+                    )
                 self._variants[key] = found
             return found
 

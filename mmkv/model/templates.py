@@ -52,7 +52,9 @@ def _tools_system(default_system: str | None) -> str:
     """The system message that lists the tools (the first system message's content before them)."""
     lead = (
         "{% if messages and messages[0]['role'] == 'system' %}"
-        "{% set message = messages[0] %}" + _CONTENT + "{{ '\\n\\n' }}"
+        "{% set message = messages[0] %}"
+        + _CONTENT
+        + "{{ '\\n\\n' }}"
         + ("{% else %}" + default_system + "\n\n" if default_system else "")
         + "{% endif %}"
     )

@@ -158,7 +158,10 @@ class LayoutBuilder:
         else:
             boundary = previous.token_starts[same]
             token_starts = list(previous.token_starts[: same + 1])
-            slot_starts, image_starts = list(previous.slot_starts[: same + 1]), list(previous.image_starts[: same + 1])
+            slot_starts, image_starts = (
+                list(previous.slot_starts[: same + 1]),
+                list(previous.image_starts[: same + 1]),
+            )
             ids, positions = [previous.token_ids[:boundary]], [previous.positions[:, :boundary]]
             cut = bisect.bisect_right(previous.pieces, boundary, key=lambda piece: piece.end)
             pieces = list(previous.pieces[:cut])
@@ -169,7 +172,9 @@ class LayoutBuilder:
         # 3. the rest, block by block, after it
         blocks = {}
         for index in range(same, len(messages)):
-            block = blocks[index] = self._block(messages[index], keys[index], index == 0, shown[index], conversation)
+            block = blocks[index] = self._block(
+                messages[index], keys[index], index == 0, shown[index], conversation
+            )
             _append_block(block, len(order), token_starts, slot_starts, ids, positions, pieces)
             order += shown[index]
             image_starts.append(len(order))
@@ -188,7 +193,10 @@ class LayoutBuilder:
             start = token_starts[-1]
             token_ids = torch.cat([message_ids, generation.token_ids])
             all_positions = torch.cat([message_positions, generation.positions + slot_starts[-1]], dim=1)
-            tail = [(kind, begin + start, length, grid, None) for kind, begin, length, grid, _ in generation.pieces]
+            tail = [
+                (kind, begin + start, length, grid, None)
+                for kind, begin, length, grid, _ in generation.pieces
+            ]
             if all_pieces and all_pieces[-1].kind == "text" and tail and tail[0][0] == "text":
                 last = all_pieces.pop()
                 tail[0] = ("text", last.begin, last.length + tail[0][2], None, None)
@@ -198,26 +206,42 @@ class LayoutBuilder:
         if trace:
             item_spans, field_spans, found = {}, {}, []
             for index, message in enumerate(messages):
-                block = blocks.get(index) or self._block(message, keys[index], index == 0, shown[index], conversation)
+                block = blocks.get(index) or self._block(
+                    message, keys[index], index == 0, shown[index], conversation
+                )
                 start, items = token_starts[index], [i for i in message.items if isinstance(i, TextItem)]
-                item_spans |= {items[k].item_id: (b + start, e + start) for k, (b, e) in block.item_spans.items()}
+                item_spans |= {
+                    items[k].item_id: (b + start, e + start) for k, (b, e) in block.item_spans.items()
+                }
                 field_spans |= {k: (b + start, e + start) for k, (b, e) in block.field_spans.items()}
-                found += [SegmentAnchor(b + start, items[k].segment, items[k].seam) for b, k in block.segments]
+                found += [
+                    SegmentAnchor(b + start, items[k].segment, items[k].seam) for b, k in block.segments
+                ]
             anchors = tuple(found)
         digests = tuple(conversation.images[i].digest for i in order)
         return PromptLayout(
-            token_ids, all_positions, tuple(all_pieces), tuple(order), item_spans, field_spans, anchors, digests
+            token_ids,
+            all_positions,
+            tuple(all_pieces),
+            tuple(order),
+            item_spans,
+            field_spans,
+            anchors,
+            digests,
         )
 
     # ------------------------------------------------------------------------------------------------ caches
-    def _block(self, message: Message, key: bytes, first: bool, shown: tuple[int, ...], conversation) -> Block:
+    def _block(
+        self, message: Message, key: bytes, first: bool, shown: tuple[int, ...], conversation
+    ) -> Block:
         """The block of ``message`` with its ``shown`` images (cached by ``key``)."""
         block = self._blocks.get(key)
         if block is not None:
             self._blocks.move_to_end(key)
             return block
         visible = Message(
-            message.role, tuple(i for i in message.items if not isinstance(i, ImageItem) or i.image_index in shown)
+            message.role,
+            tuple(i for i in message.items if not isinstance(i, ImageItem) or i.image_index in shown),
         )
         grids = [conversation.images[i].grid for i in shown]
         block = message_block(self.handle, self._templates, self._verbatim, visible, first, grids)

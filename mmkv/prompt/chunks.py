@@ -142,6 +142,8 @@ def _probe_verbatim(processor) -> bool:
                 direct = {"role": role, "content": [*items, {"type": "text", "text": text}]}
                 for first in (True, False):
                     chunk = templates.chunk(marked, first)
-                    if chunk is None or chunk.replace(_MARK.format(0), text) != templates.chunk(direct, first):
+                    if chunk is None or chunk.replace(_MARK.format(0), text) != templates.chunk(
+                        direct, first
+                    ):
                         return False
     return True

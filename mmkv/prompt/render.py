@@ -81,7 +81,9 @@ def _facts(processor) -> _TokenizerFacts:
             if facts is None:
                 vocab = processor.tokenizer.get_added_vocab()
                 tokens = sorted(vocab, key=len, reverse=True)
-                pattern = re.compile("|".join(re.escape(t) for t in tokens)) if tokens else re.compile(r"(?!x)x")
+                pattern = (
+                    re.compile("|".join(re.escape(t) for t in tokens)) if tokens else re.compile(r"(?!x)x")
+                )
                 backend = getattr(processor.tokenizer, "backend_tokenizer", None)
                 plain = None
                 if backend is not None:  # a copy whose special-token strings are split as text, always

@@ -129,7 +129,9 @@ class TokenLogprob:
     token: str  # its text (a token that is part of a multi-byte character shows U+FFFD)
     bytes: tuple[int, ...]  # its exact UTF-8 bytes
     logprob: float  # log-softmax of the raw logits
-    top: tuple[TokenLogprob, ...] = ()  # the most likely tokens at this step, descending (their own top empty)
+    top: tuple[
+        TokenLogprob, ...
+    ] = ()  # the most likely tokens at this step, descending (their own top empty)
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,11 @@ def end_of_turn_id(handle: ModelHandle) -> int:
 @functools.lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     """The byte-level BPE alphabet (GPT-2's ``bytes_to_unicode``) inverted: character -> byte."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     codes, extra = list(printable), 0
     for byte in range(256):
         if byte not in printable:
@@ -182,8 +188,12 @@ def token_bytes(tokenizer, token_id: int) -> bytes:
         decoder = _byte_decoder()
         if piece is None:
             found = b""
-        elif token_id in getattr(tokenizer, "added_tokens_decoder", {}) or not all(c in decoder for c in piece):
-            found = (tokenizer.decode([token_id]) if token_id not in tokenizer.all_special_ids else piece).encode()
+        elif token_id in getattr(tokenizer, "added_tokens_decoder", {}) or not all(
+            c in decoder for c in piece
+        ):
+            found = (
+                tokenizer.decode([token_id]) if token_id not in tokenizer.all_special_ids else piece
+            ).encode()
         else:
             found = bytes(decoder[c] for c in piece)
         cache[token_id] = found
@@ -363,7 +373,9 @@ class Decoder:
                 yield DecodeStep(token, delta, logprob)
                 return
             yield DecodeStep(token, delta, logprob)
-            logits = self.live.extend(torch.tensor([token]), torch.full((3, 1), position, dtype=torch.long))  # 5.
+            logits = self.live.extend(
+                torch.tensor([token]), torch.full((3, 1), position, dtype=torch.long)
+            )  # 5.
             position += 1
 
     def _logprob(self, logits: torch.Tensor, token: int) -> TokenLogprob:

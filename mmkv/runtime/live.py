@@ -212,7 +212,9 @@ class LiveCache:
         """Permute the entries from ``keep`` on: entry ``keep + i`` becomes the old ``keep + order[i]``."""
         reorder_cache(self.cache, keep, order)
 
-    def probe(self, token_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor) -> PrefillResult:
+    def probe(
+        self, token_ids: torch.Tensor, positions: torch.Tensor, attention_mask: torch.Tensor
+    ) -> PrefillResult:
         """Run ``token_ids`` as queries over the cache under ``attention_mask`` with attention weights returned
         (the eager variant of the model); the cache is cropped back afterwards, bit for bit as before."""
         held = self.cache.get_seq_length()

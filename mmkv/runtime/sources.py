@@ -60,9 +60,7 @@ def prepare_image(
     record = ConversationImage(
         image, image_digest(image, processor, handle.fingerprint), processor.image_grid(image)
     )
-    if record.digest not in pixels and (
-        reuse == "none" or not encoder_store.contains(record.digest, handle)
-    ):
+    if record.digest not in pixels and (reuse == "none" or not encoder_store.contains(record.digest, handle)):
         inputs = preprocess(handle, record)
         pixels.put(record.digest, inputs, inputs_nbytes(inputs))
     return record

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import replace
 import time
 import uuid
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -101,7 +101,9 @@ def create_app(engine: Engine) -> FastAPI:
         sampling = Sampling(body.temperature, body.top_p, body.seed) if body.temperature > 0 else Sampling()
         loop = asyncio.get_running_loop()
         options = DecodeOptions(limit, sampling, tuple(body.stop or ()))
-        job = Job(conversation, policy, options, loop, asyncio.Queue(), time.monotonic() + config.request_timeout_s)
+        job = Job(
+            conversation, policy, options, loop, asyncio.Queue(), time.monotonic() + config.request_timeout_s
+        )
         try:
             engine.worker.submit(job)
         except QueueFull:
@@ -193,7 +195,12 @@ class _Reply:
                 answer = event.answer
                 engine.record(answer)
                 message = {"role": "assistant", "content": answer.text}
-                choice = {"index": 0, "message": message, "finish_reason": answer.finish_reason, "logprobs": None}
+                choice = {
+                    "index": 0,
+                    "message": message,
+                    "finish_reason": answer.finish_reason,
+                    "logprobs": None,
+                }
                 body = {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
                         "choices": [choice], "usage": engine.usage(answer), "mmkv": engine.extension(answer)}  # fmt: skip
                 return JSONResponse(body)

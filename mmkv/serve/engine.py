@@ -18,13 +18,12 @@ import mmkv
 from ..cache import EncoderStore, KVStore
 from ..cache.memory import MemoryTier
 from ..conversation import Conversation, ConversationImage
-from ..runtime import prepare_image
+from ..runtime import Answer, prepare_image
 from .config import ServerConfig
 from .media import MediaError, MediaPolicy, read_image_url
 from .metrics import Metrics
 from .pool import LivePool
 from .schema import ChatCompletionRequest, ImagePart
-from ..runtime import Answer
 from .worker import Worker
 
 __all__ = ["Engine"]

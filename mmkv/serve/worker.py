@@ -34,7 +34,16 @@ from ..cache.memory import MemoryTier
 from ..conversation import Conversation
 from ..model.handle import ModelHandle
 from ..prompt.blocks import LayoutBuilder
-from ..runtime import Answer, DecodeOptions, Decoder, DecodeStep, TokenConstraint, TurnPolicy, TurnSources, run_turn
+from ..runtime import (
+    Answer,
+    DecodeOptions,
+    Decoder,
+    DecodeStep,
+    TokenConstraint,
+    TurnPolicy,
+    TurnSources,
+    run_turn,
+)
 from ..runtime.report import PrefillStats
 from .metrics import Metrics
 from .pool import LivePool
@@ -198,7 +207,9 @@ class Worker:
         live, keep = self.pool.checkout(layout)  # 2. the longest matching prefix, computed once
         with live.dropped_on_error(), torch.inference_mode():
             sources = TurnSources(handle, self.kv_store, self.encoder_store, job.policy.reuse, self.pixels)
-            logits, stats = run_turn(handle, live, layout, images, sources, job.policy, started, keep=keep)  # 3.
+            logits, stats = run_turn(
+                handle, live, layout, images, sources, job.policy, started, keep=keep
+            )  # 3.
             ttft = time.perf_counter() - started
             job.emit(First(stats, ttft))
             decoder = Decoder(handle, live, logits, job.options, constraint=job.constraint,

@@ -44,7 +44,11 @@ def test_the_streamed_text_joined_is_the_whole_decode_for_random_tokens(tiny):
     the answer text, which equals decoding all tokens at once, stripped: the incremental window loses nothing."""
     rng = np.random.default_rng(0)
     tokenizer = tiny.tokenizer
-    multibyte = [i for i in range(len(tokenizer)) if len(token_bytes(tokenizer, i)) and token_bytes(tokenizer, i)[0] >= 0x80]
+    multibyte = [
+        i
+        for i in range(len(tokenizer))
+        if len(token_bytes(tokenizer, i)) and token_bytes(tokenizer, i)[0] >= 0x80
+    ]
     for trial in range(30):
         ids = random_text_ids(tiny, rng, int(rng.integers(1, 60))).tolist()
         if multibyte and trial % 2:
@@ -152,7 +156,9 @@ def test_logprobs_are_the_log_softmax_of_the_models_own_logits(tiny):
     extra = torch.tensor([answer.token_ids[:-1]], dtype=torch.long)  # (1, n - 1): the answer as context
     inputs["input_ids"] = torch.cat([inputs["input_ids"], extra], dim=1)
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
-    inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(extra, dtype=torch.int)], 1)
+    inputs["mm_token_type_ids"] = torch.cat(
+        [inputs["mm_token_type_ids"], torch.zeros_like(extra, dtype=torch.int)], 1
+    )
     with torch.inference_mode():
         logits = tiny.model(**inputs).logits[0].double()  # (L, vocab)
     start = int(prompt_ids.shape[0]) - 1

@@ -27,7 +27,9 @@ def _editor_script(handle: mmkv.ModelHandle, rounds: int) -> list[torch.Tensor]:
     for r in range(rounds):
         value = "viewer" if r % 2 == 0 else "admin"
         session.edit("role", value, "selective", k=4, rank="deviation" if r % 2 == 0 else "attention")
-        segment = precompile(handle, f"Skill {r}: to close a dialog, click {{button{r}}}.", {f"button{r}": f"Close{r}"})
+        segment = precompile(
+            handle, f"Skill {r}: to close a dialog, click {{button{r}}}.", {f"button{r}": f"Close{r}"}
+        )
         session.add_segment(segment, seam=1)
         out.append(session.next_token_logits(f"And now, step {r}?"))
     return out
@@ -63,7 +65,9 @@ def test_two_sessions_sharing_a_handle_on_two_threads_equal_a_serial_run(tiny):
         except BaseException as exc:  # surfaced below
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=item) for item in (("edit", _editor_script), ("ask", _asker_script))]
+    threads = [
+        threading.Thread(target=run, args=item) for item in (("edit", _editor_script), ("ask", _asker_script))
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -90,7 +90,9 @@ def test_a_session_splices_a_segment_between_images_with_a_seam(tiny):
     segment = precompile(tiny, SKILL, {"button": "Close"})
     cached = _interleaved(tiny, segment, reuse="kv")
     reference = _interleaved(tiny, None, reuse="none")
-    unrotated = _interleaved(tiny, segment, reuse="kv", config=mmkv.SessionConfig.of(reuse="kv", rotate=False))
+    unrotated = _interleaved(
+        tiny, segment, reuse="kv", config=mmkv.SessionConfig.of(reuse="kv", rotate=False)
+    )
     assert torch.equal(cached.render(QUESTION)[0], reference.render(QUESTION)[0])
     expected = reference.next_token_logits(QUESTION)
     got = cached.next_token_logits(QUESTION)
