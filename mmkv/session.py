@@ -30,7 +30,7 @@ from .kv.vision import ImageFeatures
 from .model.handle import ModelHandle
 from .prompt.blocks import LayoutBuilder
 from .prompt.layout import PromptLayout
-from .runtime import (  # fmt: skip
+from .runtime import (
     GREEDY,
     Answer,
     DecodeOptions,
@@ -40,7 +40,6 @@ from .runtime import (  # fmt: skip
     PrefillStats,
     ReusePolicy,
     Sampling,
-    TokenConstraint,
     TurnSources,
     pad_features,
     prepare_image,
@@ -48,6 +47,7 @@ from .runtime import (  # fmt: skip
     resolve_features,
     run_turn,
 )
+from .runtime.grammar import GrammarSpec, constraint_for
 
 __all__ = ["Answer", "ImageReuse", "PrefillStats", "ReusePolicy", "Session", "SessionConfig"]
 
@@ -157,29 +157,32 @@ class Session:
     @_exclusive
     def ask(
         self, question: str, max_new_tokens: int = 32, sampling: Sampling = GREEDY, *,
-        stops: Sequence[str] = (), logprobs: int | None = None, constraint: TokenConstraint | None = None,
+        stops: Sequence[str] = (), logprobs: int | None = None, grammar: GrammarSpec | None = None,
     ) -> Answer:  # fmt: skip
         """Ask ``question`` as the user, decode the answer, append both to the conversation. ``stops`` end the
         answer before the first of these strings; ``logprobs`` (0-20) adds the model's log-probabilities per
-        token; ``constraint`` keeps the answer within a grammar (``mmkv.runtime.grammar``: a JSON schema, a
-        tool call). On an error the conversation is left as it was (the live cache is dropped and rebuilt next
-        turn). Arguments are checked first (``TypeError`` / ``ValueError`` naming the argument)."""
-        for _ in self.stream(question, max_new_tokens, sampling, stops=stops, logprobs=logprobs,
-                             constraint=constraint):  # fmt: skip
+        token; ``grammar`` keeps the answer within one (``mmkv.runtime.grammar``: ``json_object()``,
+        ``json_schema(schema)``, ``tool_calls(tools, "required")``). On an error the conversation is left as it
+        was (the live cache is dropped and rebuilt next turn). Arguments are checked first."""
+        for _ in self.stream(
+            question, max_new_tokens, sampling, stops=stops, logprobs=logprobs, grammar=grammar
+        ):
             pass
         return self.last_answer
 
     def stream(
         self, question: str, max_new_tokens: int = 32, sampling: Sampling = GREEDY, *,
-        stops: Sequence[str] = (), logprobs: int | None = None, constraint: TokenConstraint | None = None,
+        stops: Sequence[str] = (), logprobs: int | None = None, grammar: GrammarSpec | None = None,
     ) -> Iterator[str]:  # fmt: skip
         """``ask``, yielding the answer's text piece by piece as it is decoded (joined: ``Answer.text``); the
         ``Answer`` is ``last_answer`` once the iterator is exhausted. Holds the session's lock until then; an
-        iterator closed early leaves the conversation as it was. Arguments are checked at the call."""
+        iterator closed early leaves the conversation as it was. Arguments are checked at the call (a grammar
+        that cannot be enforced: ``GrammarError``)."""
         check_question(question), check_sampling(sampling)
         options = DecodeOptions(
             check_int(max_new_tokens, "max_new_tokens", 1), sampling, tuple(stops), logprobs
         )
+        constraint = None if grammar is None else constraint_for(self.handle, grammar)
         return self._turn(question, options, constraint)
 
     def _turn(self, question: str, options: DecodeOptions, constraint) -> Iterator[str]:
@@ -199,10 +202,7 @@ class Session:
                     yield step.delta
             self.conversation.add_text(question, "user")
             self.conversation.add_text(decoder.text, "assistant")
-            self.last_answer = Answer(
-                decoder.text, tuple(decoder.token_ids), decoder.finish_reason, ttft, time.perf_counter() - started,
-                stats, logprobs=tuple(decoder.logprobs) if options.logprobs is not None else None,
-            )  # fmt: skip
+            self.last_answer = decoder.answer(stats, ttft, time.perf_counter() - started)
 
     @_exclusive
     def next_token_logits(self, question: str) -> torch.Tensor:
@@ -249,13 +249,9 @@ class Session:
         """This turn's ``PromptLayout`` (ids, positions, pieces; with ``trace`` the token spans of text items and
         fields, and where precompiled segments sit). Changes nothing."""
         return self.layouts.build(
-            self.conversation,
-            question=question,
-            add_generation_prompt=add_generation_prompt,
-            window=self.config.window,
-            trace=trace,
-            history_start=self.history_start,
-        )
+            self.conversation, question=question, add_generation_prompt=add_generation_prompt,
+            window=self.config.window, trace=trace, history_start=self.history_start,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ the turn
     def _bring_up_to_date(
@@ -272,15 +268,8 @@ class Session:
             add_generation_prompt=add_generation_prompt, window=self.config.window, history_start=self.history_start,
         )  # fmt: skip
         # 2-5. matching prefix, plan, execute, store writes
-        logits, stats = run_turn(
-            self.handle,
-            self.live,
-            layout,
-            self.conversation.images,
-            self._sources(policy.reuse),
-            policy,
-            started,
-        )
+        images, sources = self.conversation.images, self._sources(policy.reuse)
+        logits, stats = run_turn(self.handle, self.live, layout, images, sources, policy, started)
         self.last_prefill = stats
         return logits, stats
 

@@ -28,12 +28,13 @@ import functools
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Literal, Protocol
 
 import torch
 
 from ..model.handle import ModelHandle
+from .grammar import TokenConstraint
 from .live import LiveCache
+from .report import Answer, FinishReason, PrefillStats, TokenLogprob
 
 __all__ = [
     "GREEDY",
@@ -51,7 +52,6 @@ __all__ = [
     "vision_token_ids",
 ]
 
-FinishReason = Literal["stop", "length", "cancelled"]
 MAX_LOGPROBS = 20  # most alternatives a step reports (OpenAI's bound for top_logprobs)
 SEED_RANGE = (-(1 << 63), 1 << 64)  # what torch.Generator.manual_seed takes
 
@@ -109,29 +109,6 @@ class DecodeOptions:
             or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):  # fmt: skip
             raise ValueError(f"logprobs must be an int in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
-
-
-class TokenConstraint(Protocol):
-    """A grammar the answer must follow (``mmkv.runtime.grammar``): which tokens may come next."""
-
-    def allowed(self) -> torch.Tensor: ...  # (vocab,) bool: the tokens allowed next
-
-    def advance(self, token: int) -> None: ...  # the token chosen (it was allowed)
-
-    def is_finished(self) -> bool: ...  # complete: the answer ends here
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """The model's log-probability of one token at one step (OpenAI's ``logprobs.content`` entry)."""
-
-    token_id: int
-    token: str  # its text (a token that is part of a multi-byte character shows U+FFFD)
-    bytes: tuple[int, ...]  # its exact UTF-8 bytes
-    logprob: float  # log-softmax of the raw logits
-    top: tuple[
-        TokenLogprob, ...
-    ] = ()  # the most likely tokens at this step, descending (their own top empty)
 
 
 @dataclass(frozen=True)
@@ -377,6 +354,14 @@ class Decoder:
                 torch.tensor([token]), torch.full((3, 1), position, dtype=torch.long)
             )  # 5.
             position += 1
+
+    def answer(self, prefill: PrefillStats, ttft_s: float, total_s: float, queue_s: float = 0.0) -> Answer:
+        """The turn's ``Answer``, once the iterator is exhausted (``prefill``: what the prompt took)."""
+        assert self.finish_reason is not None, "the answer is not decoded yet"
+        logprobs = tuple(self.logprobs) if self.options.logprobs is not None else None
+        return Answer(
+            self.text, tuple(self.token_ids), self.finish_reason, ttft_s, total_s, prefill, queue_s, logprobs
+        )
 
     def _logprob(self, logits: torch.Tensor, token: int) -> TokenLogprob:
         """The chosen token's log-probability and the ``options.logprobs`` most likely tokens' (raw logits)."""

@@ -7,11 +7,25 @@ Both are frozen records; ``ImageReuse`` (where each image came from) is made by 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from .decode import FinishReason, TokenLogprob
 from .plan import ImageReuse
 
-__all__ = ["Answer", "PrefillStats"]
+__all__ = ["Answer", "FinishReason", "PrefillStats", "TokenLogprob"]
+
+FinishReason = Literal["stop", "length", "cancelled"]  # why an answer ended
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The model's log-probability of one token at one step (OpenAI's ``logprobs.content`` entry)."""
+
+    token_id: int
+    token: str  # its text (a token that is part of a multi-byte character shows U+FFFD)
+    bytes: tuple[int, ...]  # its exact UTF-8 bytes
+    logprob: float  # log-softmax of the raw logits
+    # the most likely tokens at this step, descending (their own ``top`` empty)
+    top: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

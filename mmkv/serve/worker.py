@@ -221,6 +221,4 @@ class Worker:
         self.metrics.pool_bytes.set(self.pool.num_bytes)
         if decoder.finish_reason == "cancelled":
             return
-        logprobs = tuple(decoder.logprobs) if job.options.logprobs is not None else None
-        job.emit(Done(Answer(decoder.text, tuple(decoder.token_ids), decoder.finish_reason, ttft,
-                             time.perf_counter() - started, stats, queue_s, logprobs)))  # fmt: skip
+        job.emit(Done(decoder.answer(stats, ttft, time.perf_counter() - started, queue_s)))
