@@ -1,5 +1,6 @@
-"""``Conversation``: what a session says, as typed records: messages of text items (with named fields, or a
-precompiled segment to splice) and image items pointing into its list of images.
+"""``Conversation``: what a session says, as typed records (``mmkv.messages``): messages of text items (with
+named fields, or a precompiled segment to splice) and image items pointing into its list of images; assistant
+tool calls and tool results; and the tools the prompt declares.
 
 Records are immutable; the conversation changes only through its methods, each of which either succeeds or
 raises with nothing changed. Because messages are immutable, ``snapshot`` is a cheap copy of the message list
@@ -11,25 +12,35 @@ and ``restore`` puts a conversation back exactly (the rollback of a failed turn 
     conversation.add_text("What now?")            # joins the user message holding the image
     [m.role for m in conversation.messages]       # ['system', 'user']
     conversation.set_field("role", "viewer")      # the system item now reads "Policy. role: viewer."
+    conversation.set_tools([{"type": "function", "function": {"name": "click", "parameters": {...}}}])
+    conversation.add_tool_calls([ToolCall("call_1", "click", '{"target": "approve"}')])
+    conversation.add_tool_response("call_1")      # then add_text / add_image with role="tool"
 
 The conversation knows nothing about tokens or KV: ``mmkv.prompt`` renders it, ``mmkv.runtime`` caches it.
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
-import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 import torch
-from PIL import Image
 
-from .cache.digest import ImageDigest
 from .fields import fill_template, validate_fields
+from .messages import (
+    ROLE_NAME,
+    ConversationImage,
+    ImageItem,
+    Item,
+    Message,
+    TextItem,
+    ToolCall,
+    check_role,
+    check_text,
+)
 
 if TYPE_CHECKING:
     from .kv.segment import KVSegment
@@ -45,110 +56,8 @@ __all__ = [
     "Item",
     "Message",
     "TextItem",
+    "ToolCall",
 ]
-
-
-ROLE_NAME = re.compile(
-    r"[a-z][a-z_]{0,31}"
-)  # "system", "user", "assistant", "tool", ...: no markup, no newlines
-
-
-def check_text(text: object, name: str = "text") -> str:
-    """``text`` if it is a ``str`` that encodes as UTF-8; else ``TypeError`` / ``ValueError`` naming ``name``
-    (a lone surrogate such as ``"\\ud800"`` cannot be tokenised)."""
-    if not isinstance(text, str):
-        raise TypeError(f"{name} must be a str, got {type(text).__name__}")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(
-            f"{name} is not valid Unicode: {exc.reason} at index {exc.start} ({text[exc.start]!r}); remove or "
-            "replace that character"
-        ) from None
-    return text
-
-
-def check_role(role: object) -> str:
-    """``role`` if it is a role name the chat template can render safely (lowercase letters and ``_``, such as
-    ``"system"``, ``"user"``, ``"assistant"``, ``"tool"``); else ``ValueError``."""
-    if not isinstance(role, str) or not ROLE_NAME.fullmatch(role):
-        raise ValueError(
-            f"role must be a lowercase name such as 'user', 'assistant' or 'system', got {role!r}"
-        )
-    return role
-
-
-@dataclass(frozen=True, eq=False)
-class ConversationImage:
-    """An image the conversation holds, normalised and keyed."""
-
-    pixels: Image.Image  # normalised RGB (mmkv.images.load_image)
-    digest: ImageDigest  # content key: pixels + processor settings + model fingerprint
-    grid: tuple[int, int, int]  # vision grid (t, h, w) the processor gives it
-
-
-@dataclass(frozen=True, eq=False)
-class TextItem:
-    """A piece of text in a message."""
-
-    text: str  # the text as rendered (fields filled in)
-    item_id: int  # unique in the conversation: the key of its token span in a traced rendering
-    template: str | None = None  # the text with {name} placeholders, when it has fields
-    fields: tuple[tuple[str, str], ...] = ()  # (name, value) of each field, in declaration order
-    segment: KVSegment | None = None  # precompiled KV to splice for this text (add_segment), if any
-    seam: int = 0  # with a segment: leading tokens recomputed in context
-
-    def __post_init__(self) -> None:
-        if self.fields and self.template is None:
-            raise ValueError("a text item with fields needs its template")
-        if self.seam < 0:
-            raise ValueError(f"seam must be >= 0, got {self.seam}")
-
-    @property
-    def field_map(self) -> dict[str, str]:
-        """The fields as a dict."""
-        return dict(self.fields)
-
-
-@dataclass(frozen=True, eq=False)
-class ImageItem:
-    """An image in a message."""
-
-    image_index: int  # index into Conversation.images
-
-
-Item = TextItem | ImageItem  # one entry of a message
-
-
-@dataclass(frozen=True, eq=False)
-class Message:
-    """One chat message: a role and its items, in order."""
-
-    role: str  # "system", "user", "assistant" (whatever the chat template takes)
-    items: tuple[Item, ...]  # never empty in a Conversation (a prompt's window may hide all its images)
-
-    @functools.cached_property
-    def image_indices(self) -> tuple[int, ...]:
-        """The conversation image index of each of its image items, in order."""
-        return tuple(i.image_index for i in self.items if isinstance(i, ImageItem))
-
-    @functools.cached_property
-    def text_key(self) -> bytes:
-        """A digest of what the message says apart from its pictures: its role, and in order each item's kind,
-        text, field template and values, and precompiled segment (digest and seam). Two messages with the same
-        key and the same images render to the same tokens (``mmkv.prompt.blocks`` keys blocks by it)."""
-        digest = hashlib.blake2b(self.role.encode(), digest_size=16)
-        for item in self.items:
-            if isinstance(item, ImageItem):
-                digest.update(b"\x00i")
-                continue
-            parts = [item.text, item.template or "", json.dumps(item.fields)]
-            if item.segment is not None:
-                parts += [item.segment.digest, str(item.seam)]
-            for part in parts:
-                raw = part.encode("utf-8", "surrogatepass")
-                digest.update(b"\x00t" + len(raw).to_bytes(8, "little") + raw)
-        return digest.digest()
 
 
 @dataclass(frozen=True)
@@ -160,6 +69,7 @@ class ConversationState:
     field_values: tuple[tuple[str, str], ...]
     next_item_id: int
     num_segments: int
+    tools_json: str
 
 
 class Conversation:
@@ -171,14 +81,18 @@ class Conversation:
         self._field_values: dict[str, str] = {}  # current value of every field, by name
         self._next_item_id = 0
         self._num_segments = 0  # text items carrying a precompiled segment
+        self.tools_json = ""  # the tools the prompt declares, as JSON text ("" for none; set_tools)
 
     # ------------------------------------------------------------------------------------------- reading
     @property
     def field_values(self) -> Mapping[str, str]:
         """The current value of each named field (a read-only view)."""
-        from types import MappingProxyType
-
         return MappingProxyType(self._field_values)
+
+    @property
+    def tools(self) -> list[dict] | None:
+        """The tools the prompt declares (OpenAI function specs; a fresh copy), or None."""
+        return json.loads(self.tools_json) if self.tools_json else None
 
     def field_item(self, name: str) -> tuple[int, int, TextItem]:
         """``(message index, item index, item)`` of the text item holding field ``name``; ``KeyError`` naming the
@@ -275,9 +189,52 @@ class Conversation:
         if not isinstance(image, ConversationImage):
             raise TypeError(f"add_image takes a ConversationImage, got {type(image).__name__}")
         check_role(role)
+        self._append(role, ImageItem(len(self.images)), new_message=new_message)  # raises before any change
         self.images.append(image)
-        self._append(role, ImageItem(len(self.images) - 1), new_message=new_message)
         return len(self.images) - 1
+
+    def set_tools(self, tools: Sequence[Mapping] | None) -> None:
+        """Declare ``tools`` (OpenAI function specs, ``{"type": "function", "function": {"name": ...,
+        "description": ..., "parameters": {...}}}``) to the model: the chat template lists them in the system
+        message. ``None`` or empty: none. Raises ``TypeError`` / ``ValueError`` with nothing changed."""
+        if not tools:
+            self.tools_json = ""
+            return
+        if not isinstance(tools, Sequence) or isinstance(tools, (str, bytes)):
+            raise TypeError(f"tools must be a list of function specs, got {type(tools).__name__}")
+        for index, tool in enumerate(tools):
+            function = tool.get("function") if isinstance(tool, Mapping) else None
+            if not isinstance(function, Mapping) or tool.get("type", "function") != "function":
+                raise ValueError(
+                    f"tools[{index}] must be {{'type': 'function', 'function': {{'name': ...}}}}"
+                )
+            check_text(function.get("name"), f"tools[{index}].function.name")
+        try:
+            text = json.dumps(list(tools), ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"tools must be plain JSON: {exc}") from None
+        check_text(text, "tools")
+        self.tools_json = text
+
+    def add_tool_calls(self, calls: Sequence[ToolCall], text: str = "") -> None:
+        """Append an assistant message making ``calls`` (after ``text``, if any). Raises ``TypeError`` /
+        ``ValueError`` with nothing changed."""
+        if not calls or not all(isinstance(call, ToolCall) for call in calls):
+            raise TypeError("add_tool_calls takes a non-empty list of ToolCall")
+        check_text(text)
+        items = (TextItem(text, self._next_item_id),) if text else ()
+        self.messages.append(Message("assistant", items, tool_calls=tuple(calls)))
+        self._next_item_id += bool(items)
+
+    def add_tool_response(self, tool_call_id: str) -> None:
+        """Begin the result of call ``tool_call_id``: ``add_text`` / ``add_image`` with ``role="tool"`` then add
+        to it. Results following one another share one tool message (templates render them as one turn)."""
+        check_text(tool_call_id, "tool_call_id")
+        if self.messages and self.messages[-1].role == "tool":
+            last = self.messages[-1]
+            self.messages[-1] = replace(last, responses=(*last.responses, (tool_call_id, 0)))
+        else:
+            self.messages.append(Message("tool", (), responses=((tool_call_id, 0),)))
 
     def set_field(self, name: str, value: str) -> None:
         """Give field ``name`` the new ``value`` (its item's text re-filled). ``KeyError`` for an unknown field,
@@ -304,6 +261,7 @@ class Conversation:
             tuple(self._field_values.items()),
             self._next_item_id,
             self._num_segments,
+            self.tools_json,
         )
 
     def restore(self, state: ConversationState) -> None:
@@ -315,6 +273,7 @@ class Conversation:
         self._field_values = dict(state.field_values)
         self._next_item_id = state.next_item_id
         self._num_segments = state.num_segments
+        self.tools_json = state.tools_json
 
     def fork(self) -> Conversation:
         """A copy that shares only immutable records: later changes to one do not reach the other."""
@@ -324,6 +283,7 @@ class Conversation:
         other._field_values = dict(self._field_values)
         other._next_item_id = self._next_item_id
         other._num_segments = self._num_segments
+        other.tools_json = self.tools_json
         return other
 
     def clear(self) -> None:
@@ -332,10 +292,24 @@ class Conversation:
         self.images.clear()
         self._field_values.clear()
         self._num_segments = 0
+        self.tools_json = ""
 
     def _append(self, role: str, item: Item, new_message: bool) -> None:
         check_role(role)
-        if self.messages and self.messages[-1].role == role and not new_message:
+        if role == "tool":  # an item of the tool result begun last
+            if not self.messages or self.messages[-1].role != "tool":
+                raise ValueError("a tool result needs add_tool_response(tool_call_id) first")
+            last = self.messages[-1]
+            (call, count), earlier = last.responses[-1], last.responses[:-1]
+            self.messages[-1] = replace(
+                last, items=(*last.items, item), responses=(*earlier, (call, count + 1))
+            )
+        elif (
+            self.messages
+            and self.messages[-1].role == role
+            and not new_message
+            and not self.messages[-1].tool_calls
+        ):
             last = self.messages[-1]
             self.messages[-1] = replace(last, items=(*last.items, item))
         else:

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..conversation import Conversation, ImageItem, Message, TextItem
+from ..conversation import Conversation
 from ..errors import PromptTooLongError
+from ..messages import Message, TextItem
 from ..model.handle import ModelHandle
 from .chunks import is_separable, is_verbatim, templates_of
 from .layout import (
@@ -139,7 +140,7 @@ class LayoutBuilder:
         shown = [tuple(i for i in m.image_indices if i in visible) for m in messages]
         keys, chain, link = [], [], b""
         for index, (message, images) in enumerate(zip(messages, shown, strict=True)):
-            key = _message_key(message, index == 0, images, conversation)
+            key = _message_key(message, index == 0, images, conversation)  # the first: with the tools
             link = hashlib.blake2b(link + key + repr(images).encode(), digest_size=16).digest()
             keys.append(key)
             chain.append(link)
@@ -239,12 +240,10 @@ class LayoutBuilder:
         if block is not None:
             self._blocks.move_to_end(key)
             return block
-        visible = Message(
-            message.role,
-            tuple(i for i in message.items if not isinstance(i, ImageItem) or i.image_index in shown),
-        )
+        visible = message.showing(shown)
         grids = [conversation.images[i].grid for i in shown]
-        block = message_block(self.handle, self._templates, self._verbatim, visible, first, grids)
+        tools = conversation.tools_json if first else ""
+        block = message_block(self.handle, self._templates, self._verbatim, visible, first, grids, tools)
         self.blocks_rendered += 1
         self._blocks[key] = block
         if len(self._blocks) > MAX_BLOCKS:
@@ -271,9 +270,12 @@ class LayoutBuilder:
 
 
 def _message_key(message: Message, first: bool, shown: tuple[int, ...], conversation: Conversation) -> bytes:
-    """What a message's block depends on: its text key, whether it is first, and which of its images show
-    (with their digests)."""
-    parts = [message.text_key, b"1" if first else b"0"]
+    """What a message's block depends on: its text key, whether it is first (then the declared tools too), and
+    which of its images show (with their digests)."""
+    parts = [
+        message.text_key,
+        b"1" + conversation.tools_json.encode("utf-8", "surrogatepass") if first else b"0",
+    ]
     for index in message.image_indices:
         parts.append(conversation.images[index].digest.encode() if index in shown else b"-")
     return hashlib.blake2b(b"\x00".join(parts), digest_size=16).digest()

@@ -187,10 +187,7 @@ def full_layout(
     """``lay_out`` by rendering the whole conversation at once (the reference, and the path for chat templates
     that do not render message by message). Changes nothing."""
     visible = set(conversation.visible_images(window))
-    messages = [
-        Message(m.role, tuple(i for i in m.items if not isinstance(i, ImageItem) or i.image_index in visible))
-        for m in conversation.prompt_messages(history_start)
-    ]
+    messages = [m.showing(visible) for m in conversation.prompt_messages(history_start)]
     if question is not None:
         item = TextItem(question, QUESTION_ITEM_ID)
         if messages and messages[-1].role == "user":
@@ -199,7 +196,9 @@ def full_layout(
             messages.append(Message("user", (item,)))
     order = tuple(i.image_index for m in messages for i in m.items if isinstance(i, ImageItem))
     grids = grids_tensor(conversation.images, list(order))  # (N, 3), computed once per turn
-    rendered = render_prompt(handle.processor, messages, grids, add_generation_prompt, trace)
+    rendered = render_prompt(
+        handle.processor, messages, grids, add_generation_prompt, trace, conversation.tools_json
+    )
     pieces = tuple(split_prompt(handle, rendered.token_ids, grids))
     positions = (
         torch.cat(layout_positions(handle, pieces), dim=1) if pieces else torch.zeros(3, 0, dtype=torch.long)

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..conversation import Message, TextItem
 from ..kv.spans import image_span, text_span
+from ..messages import Message, TextItem
 from ..model.handle import ModelHandle
 from .chunks import Templates
-from .render import _control_pattern, collect_spans, encode_parts, render_views, split_marked
+from .render import _control_pattern, collect_spans, encode_parts, split_marked
+from .views import render_views, tool_views
 
 __all__ = ["Block", "NotIncremental", "generation_block", "message_block"]
 
@@ -54,28 +55,36 @@ def _check_starts_with_control(handle: ModelHandle, text: str) -> None:
 
 
 def message_block(
-    handle: ModelHandle, templates: Templates, verbatim: bool, message: Message, first: bool, grids
-) -> Block:
-    """The block of ``message`` (the first of its prompt or a later one; ``grids``: the vision grid of each of
-    its image items, in order): its chunk from the template (per structure when ``verbatim``, else checked
-    against a rendering with its texts), tokenised with text as text and pads inserted. Raises
-    ``NotIncremental`` where the template cannot be taken apart this way."""
-    items = [i for i in message.items if isinstance(i, TextItem)]
-    chunk = templates.structure_chunk(message, first)
-    direct_chunk = None if verbatim else templates.chunk(render_views(message)[1], first)
-    if chunk is None or (direct_chunk is None and not verbatim):
+    handle: ModelHandle, templates: Templates, verbatim: bool, message: Message, first: bool, grids,
+    tools_json: str = "",
+) -> Block:  # fmt: skip
+    """The block of ``message`` (the first of its prompt, declaring ``tools_json``, or a later one; ``grids``:
+    the vision grid of each of its image items, in order): its chunk from the template (per structure when
+    ``verbatim``, else checked against a rendering with its texts; a first message declaring tools is always
+    checked), tokenised with caller text as text and pads inserted. Raises ``NotIncremental`` where the template
+    cannot be taken apart this way."""
+    views, direct_views, items = render_views(message)
+    direct_tools = None
+    if first and tools_json:
+        _, direct_tools, tool_items = tool_views(tools_json, start=len(items))
+        items = items + tool_items
+    chunk = templates.structure_chunk(message, first, tools_json if first else "")
+    checked = not verbatim or direct_tools is not None
+    direct_chunk = templates.chunk(direct_views, first, direct_tools) if checked else None
+    if chunk is None or (direct_chunk is None and checked):
         raise NotIncremental
     _check_starts_with_control(handle, chunk)
     parts, tags = split_marked(chunk, items)
-    if not verbatim and "".join(text for text, _ in parts) != direct_chunk:
+    if checked and "".join(text for text, _ in parts) != direct_chunk:
         raise NotIncremental  # the template rewrites this message's text
     counts = [handle.position_rule.num_image_tokens(grid) for grid in grids]
     ids, spans = encode_parts(handle.processor, parts, offsets=True, pad_counts=counts)
     by_id, field_spans = collect_spans(tags, spans)
-    ordinal = {item.item_id: k for k, item in enumerate(items)}
-    item_spans = {ordinal[item_id]: span for item_id, span in by_id.items()}
+    texts = [i for i in message.items if isinstance(i, TextItem)]
+    ordinal = {item.item_id: k for k, item in enumerate(texts)}
+    item_spans = {ordinal[item_id]: span for item_id, span in by_id.items() if item_id in ordinal}
     anchors = []
-    for k, item in enumerate(items):
+    for k, item in enumerate(texts):
         if item.segment is not None and k in item_spans:
             begin, end = item_spans[k]
             if torch.equal(ids[begin:end], item.segment.token_ids):

@@ -33,6 +33,7 @@ import torch
 from ..conversation import Message, TextItem
 from ..errors import UnsupportedInputError
 from ..fields import fill_template
+from .views import MARK_PATTERN, render_views, tool_views
 
 __all__ = [
     "RenderedPrompt",
@@ -40,12 +41,8 @@ __all__ = [
     "collect_spans",
     "encode_parts",
     "render_prompt",
-    "render_views",
     "split_marked",
 ]
-
-_MARK = "\ue000{}\ue001"  # stands in for text item {} while the template renders
-_MARK_PATTERN = r"\ue000([0-9]+)\ue001"
 
 
 @dataclass(frozen=True, eq=False)
@@ -192,45 +189,38 @@ def render_prompt(
     grids: torch.Tensor,
     add_generation_prompt: bool,
     trace: bool = True,
+    tools_json: str = "",
 ) -> RenderedPrompt:
-    """Render ``messages`` with ``processor``'s chat template, every text item as plain text, every image's
-    placeholder expanded to its pads for ``grids`` (one row per image item, in order); with ``trace``, the token
-    spans of every text item (by ``item_id``) and of its fields' values come along. Changes nothing.
+    """Render ``messages`` (and the tools ``tools_json`` declares) with ``processor``'s chat template, all caller
+    text as plain text, every image's placeholder expanded to its pads for ``grids`` (one row per image item, in
+    order); with ``trace``, the token spans of every text item (by ``item_id``) and of its fields' values come
+    along. Changes nothing.
 
-    Raises ``UnsupportedInputError`` only for a template that rewrites message text while some text holds a
+    Raises ``UnsupportedInputError`` only for a template that rewrites caller text while some of it holds a
     control-token string (see the module docstring).
     """
     marked, direct, items = [], [], []
     for message in messages:
-        marked_message, direct_message, message_items = render_views(message, start=len(items))
-        marked.append(marked_message)
-        direct.append(direct_message)
-        items.extend(message_items)
+        marked_views, direct_views, message_items = render_views(message, start=len(items))
+        marked += marked_views
+        direct += direct_views
+        items += message_items
+    marked_tools = direct_tools = None
+    if tools_json:
+        marked_tools, direct_tools, tool_items = tool_views(tools_json, start=len(items))
+        items += tool_items
     parts, tags = split_marked(
-        processor.apply_chat_template(marked, add_generation_prompt), items, fields=trace
+        processor.apply_chat_template(marked, add_generation_prompt, tools=marked_tools), items, fields=trace
     )
-    if "".join(text for text, _ in parts) != processor.apply_chat_template(direct, add_generation_prompt):
-        return _render_untraced(processor, direct, items, grids, add_generation_prompt)
+    expected = processor.apply_chat_template(direct, add_generation_prompt, tools=direct_tools)
+    if "".join(text for text, _ in parts) != expected:
+        return _render_untraced(processor, expected, items, grids)
     counts = [processor.num_image_tokens(g) for g in grids]
     ids, spans = encode_parts(processor, parts, offsets=trace, pad_counts=counts)
     if not trace:
         return RenderedPrompt(ids, None, None)
-    return RenderedPrompt(ids, *collect_spans(tags, spans))
-
-
-def render_views(message: Message, start: int = 0) -> tuple[dict, dict, list[TextItem]]:
-    """The template's two views of ``message``: with a marker for each text item (numbered from ``start``), and
-    with the texts themselves; and its text items in order. Changes nothing."""
-    marked, direct, items = [], [], []
-    for item in message.items:
-        if isinstance(item, TextItem):
-            marked.append({"type": "text", "text": _MARK.format(start + len(items))})
-            direct.append({"type": "text", "text": item.text})
-            items.append(item)
-        else:
-            marked.append({"type": "image"})
-            direct.append({"type": "image"})
-    return {"role": message.role, "content": marked}, {"role": message.role, "content": direct}, items
+    item_spans, field_spans = collect_spans(tags, spans)
+    return RenderedPrompt(ids, {k: v for k, v in item_spans.items() if k >= -1}, field_spans)
 
 
 Tag = (
@@ -246,7 +236,7 @@ def split_marked(
     ``fields``; with each part's ``Tag``. Reads only."""
     parts: list[tuple[str, bool]] = []
     tags: list[Tag] = []
-    for k, piece in enumerate(re.split(_MARK_PATTERN, rendered)):  # literal, item index, literal, ...
+    for k, piece in enumerate(re.split(MARK_PATTERN, rendered)):  # literal, item index, literal, ...
         if k % 2 == 0:
             parts.append((piece, True))
             tags.append(None)
@@ -287,9 +277,9 @@ def _split_at(text: str, spans: dict[str, tuple[int, int]]) -> list[tuple[str, s
     return out
 
 
-def _render_untraced(processor, direct, items, grids, add_generation_prompt) -> RenderedPrompt:
-    """The fallback for a template that rewrites text: its direct rendering, after refusing control-token
-    strings in any text (they could not be kept apart from the template's own)."""
+def _render_untraced(processor, text: str, items, grids) -> RenderedPrompt:
+    """The fallback for a template that rewrites text: its direct rendering ``text``, after refusing
+    control-token strings in any caller text (they could not be kept apart from the template's own)."""
     control = _control_pattern(processor)
     for item in items:
         found = control.search(item.text)
@@ -298,5 +288,5 @@ def _render_untraced(processor, direct, items, grids, add_generation_prompt) -> 
                 f"this chat template rewrites message text, so text holding the control token {found.group(0)!r} "
                 "cannot be kept apart from the template's own; remove it from the text"
             )
-    text = processor.expand_image_pads(processor.apply_chat_template(direct, add_generation_prompt), grids)
-    return RenderedPrompt(torch.tensor(processor.encode_text(text), dtype=torch.long), None, None)
+    expanded = processor.expand_image_pads(text, grids)
+    return RenderedPrompt(torch.tensor(processor.encode_text(expanded), dtype=torch.long), None, None)
