@@ -57,6 +57,7 @@ __all__ = [
     "json_object",
     "json_schema",
     "tool_calls",
+    "tool_calls_or",
     "vocabulary",
     "vocabulary_of",
 ]
@@ -202,6 +203,22 @@ def tool_calls(tools: list[dict[str, Any]], mode: Any = "required", parallel: bo
     listed = names if chosen is None else [chosen]
     label = f"tool_calls({'required' if chosen is None else 'named'}: {', '.join(listed)})"
     return _validated("tool_calls", lark, label + (" parallel" if parallel else ""), tuple(warnings))
+
+
+def tool_calls_or(tools_spec: GrammarSpec, answer_spec: GrammarSpec) -> GrammarSpec:
+    """An answer that is either the tool call(s) ``tools_spec`` allows or what ``answer_spec`` (a JSON object or
+    schema) allows: ``tool_choice: "auto"`` with a ``response_format``, where the model may call a tool or answer
+    in the format. Raises ``GrammarError`` (as its parts would)."""
+    if tools_spec.kind != "tool_calls" or answer_spec.kind == "tool_calls":
+        raise ValueError("tool_calls_or takes a tool_calls spec and a json spec")
+    tools_head, *tools_rules = tools_spec.lark.strip().split("\n")
+    answer_head, *answer_rules = answer_spec.lark.strip().split("\n")
+    lark = "\n".join([
+        "start: calls | answer", "calls:" + tools_head[len("start:"):], "answer:" + answer_head[len("start:"):],
+        *tools_rules, *answer_rules,
+    ]) + "\n"  # fmt: skip
+    label = f"{tools_spec.label} or {answer_spec.label}"
+    return _validated("tool_calls", lark, label, tools_spec.warnings + answer_spec.warnings)
 
 
 @dataclass(frozen=True, eq=False)

@@ -26,9 +26,14 @@ from typing import Any, NamedTuple
 __all__ = [
     "TOOL_CALL_CLOSE",
     "TOOL_CALL_OPEN",
+    "ArgumentsPiece",
+    "CallStart",
+    "ContentPiece",
     "MalformedToolCall",
     "ParsedToolCalls",
+    "StreamPiece",
     "ToolCall",
+    "ToolCallStream",
     "format_tool_calls",
     "parse_tool_calls",
 ]
@@ -122,3 +127,168 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
     outside.append(text[end:])
     content = "\n".join(part.strip() for part in outside if part.strip())
     return ParsedToolCalls(tuple(calls), content, tuple(malformed))
+
+
+_HEAD = re.compile(
+    r'\s*\{\s*"name"\s*:\s*"([^"\\]+)"\s*,\s*"arguments"\s*:\s*'
+)  # a block up to its arguments
+_TAIL = "}\n" + TOOL_CALL_CLOSE  # what follows the arguments of a block written as the templates write it
+
+
+@dataclass(frozen=True)
+class ContentPiece:
+    """Answer text outside tool calls."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class CallStart:
+    """A tool call begins: its number in the answer and the function's name (arguments follow)."""
+
+    index: int
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgumentsPiece:
+    """More of tool call ``index``'s arguments text."""
+
+    index: int
+    text: str
+
+
+StreamPiece = ContentPiece | CallStart | ArgumentsPiece
+
+
+class ToolCallStream:
+    """An answer's text, fed as it is decoded, split into content and tool calls as OpenAI streams them: content
+    outside the blocks, and per call first its name (``CallStart``), then its arguments text in pieces (as the
+    model wrote it, without the wrapper). The same object serves a whole answer (``feed(text)`` then
+    ``finish()``), so a streamed answer and a whole one agree by construction.
+
+    ``trusted``: the text is known to be well-formed calls (a grammar made it): a call's name goes out as soon as
+    it is written and its arguments as they come. Otherwise (``auto``: free output) each block is held until it
+    closes, then read (``parse_tool_calls``' rules): a block that is not a call goes out as content. Whitespace
+    next to a block, and at the end, is not content.
+
+    >>> stream = ToolCallStream(trusted=False)
+    >>> stream.feed('Sure.\\n<tool_call>\\n{"name": "click", "arguments": {"target": "ok"}}\\n</tool_call>')
+    [ContentPiece(text='Sure.'), CallStart(index=0, name='click'), ArgumentsPiece(index=0, text='{"target": "ok"}')]
+    """
+
+    def __init__(self, trusted: bool) -> None:
+        self.trusted = trusted
+        self._pending = ""  # text not yet emitted: a possible tag start, whitespace, an open block
+        self._in_block = False
+        self._head_done = False  # trusted: the current block's name went out
+        self._after_block = False  # content resumes after a block: its leading whitespace is not content
+        self._said = False  # some content went out (content after a block is then set off by a newline)
+        self.num_calls = 0
+
+    def feed(self, text: str) -> list[StreamPiece]:
+        """Take more answer text; return what became certain."""
+        self._pending += text
+        out: list[StreamPiece] = []
+        while True:
+            if not self._in_block:
+                at = self._pending.find(TOOL_CALL_OPEN)
+                if at < 0:
+                    keep = _partial_suffix(self._pending, TOOL_CALL_OPEN)
+                    body = self._pending[: len(self._pending) - keep]
+                    sent = body.rstrip()  # trailing whitespace waits: it may precede a block
+                    if sent.strip():
+                        out.append(self._content(sent))
+                        self._pending = self._pending[len(sent) :]
+                    return out
+                before = self._pending[:at].rstrip()
+                if before.strip():
+                    out.append(self._content(before))
+                self._pending, self._in_block, self._head_done = (
+                    self._pending[at + len(TOOL_CALL_OPEN) :],
+                    True,
+                    False,
+                )
+            if self.trusted:
+                out += (
+                    self._trusted_pieces()
+                )  # leaves the closing tag first in _pending once the block closed
+                closed = self._pending.find(TOOL_CALL_CLOSE) if self._head_done else -1
+            else:
+                closed = self._pending.find(TOOL_CALL_CLOSE)
+                if closed >= 0:
+                    out += self._read(self._pending[:closed])
+            if closed < 0:
+                return out
+            self._pending, self._in_block = self._pending[closed + len(TOOL_CALL_CLOSE) :], False
+            self._after_block = True
+
+    def finish(self) -> list[StreamPiece]:
+        """The answer ended: what is left (an unclosed block: its arguments so far when trusted, else content)."""
+        out: list[StreamPiece] = []
+        if self._in_block and self.trusted and self._head_done and self._pending:
+            out.append(ArgumentsPiece(self.num_calls - 1, self._pending))
+        elif self._in_block and not self.trusted:
+            out.append(self._content(TOOL_CALL_OPEN + self._pending.rstrip()))
+        elif not self._in_block and self._pending.strip():
+            out.append(self._content(self._pending.rstrip()))
+        self._pending = ""
+        return out
+
+    def _content(self, text: str) -> ContentPiece:
+        """``text`` as content: after a block, without its leading whitespace and set off by a newline."""
+        if self._after_block:
+            text = ("\n" if self._said else "") + text.lstrip()
+            self._after_block = False
+        self._said = True
+        return ContentPiece(text)
+
+    def _trusted_pieces(self) -> list[StreamPiece]:
+        """A well-formed block: its name once its head is in, then arguments (the wrapper's end held back)."""
+        out: list[StreamPiece] = []
+        if not self._head_done:
+            head = _HEAD.match(self._pending)
+            if head is None or head.end() == len(self._pending):  # (more whitespace may still come)
+                return out
+            out.append(CallStart(self.num_calls, head.group(1)))
+            self.num_calls += 1
+            self._pending, self._head_done = self._pending[head.end() :], True
+        closed = self._pending.find(TOOL_CALL_CLOSE)
+        index = self.num_calls - 1
+        if closed >= 0:
+            arguments = self._pending[:closed].rstrip()
+            arguments = arguments[:-1].rstrip() if arguments.endswith("}") else arguments
+            if arguments:
+                out.append(ArgumentsPiece(index, arguments))
+            self._pending = self._pending[closed:]
+            return out
+        hold = len(_TAIL) + 2  # the block's end, "}\n</tool_call>", may be arriving
+        if len(self._pending) > hold:
+            out.append(ArgumentsPiece(index, self._pending[:-hold]))
+            self._pending = self._pending[-hold:]
+        return out
+
+    def _read(self, body: str) -> list[StreamPiece]:
+        """A whole free-output block: a call (its arguments as written, when written as the templates write
+        them) or, when it is not one, content."""
+        found = _read_block(body.strip())
+        if not isinstance(found, ToolCall):
+            return [self._content(TOOL_CALL_OPEN + body + TOOL_CALL_CLOSE)]
+        head = _HEAD.match(body)
+        written = body[head.end() :].rstrip() if head else ""
+        arguments = written[:-1].rstrip() if written.endswith("}") else found.arguments_json()
+        try:
+            if json.loads(arguments) != found.arguments:
+                arguments = found.arguments_json()
+        except json.JSONDecodeError:
+            arguments = found.arguments_json()
+        self.num_calls += 1
+        return [CallStart(self.num_calls - 1, found.name), ArgumentsPiece(self.num_calls - 1, arguments)]
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """How many trailing characters of ``text`` could be the start of ``tag``."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
+            return size
+    return 0

@@ -8,7 +8,8 @@ import torch
 
 import mmkv
 from mmkv.runtime import AnswerText, DecodeOptions, Decoder, LiveCache, Sampling, run_turn
-from mmkv.runtime.decode import _choose, end_of_turn_id, token_bytes, vision_token_ids
+from mmkv.runtime.decode import end_of_turn_id, token_bytes, vision_token_ids
+from mmkv.runtime.sampling import choose
 
 from ..conftest import random_image, random_text_ids
 
@@ -125,7 +126,7 @@ def test_sampling_never_fails_at_the_edges_of_its_ranges(sampling):
     distribution collapses onto it) instead of raising (inf/nan probabilities, an empty nucleus, overflow)."""
     logits = torch.tensor([0.0, 5.0, -float("inf"), 4.999, 1e4 if sampling.temperature > 50 else 2.0])
     generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
-    token = _choose(logits, sampling, generator)
+    token = choose(logits, sampling, generator)
     assert token != 2
     if sampling.temperature < 1e-20 or sampling.top_p < 1e-100:
         assert token == int(logits.argmax())

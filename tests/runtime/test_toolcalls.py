@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -114,3 +115,73 @@ def test_an_unclosed_block_is_reported():
 def test_text_without_blocks_is_content():
     """Plain text parses to no calls and the text itself."""
     assert parse_tool_calls("  just words \n") == ParsedToolCalls((), "just words", ())
+
+
+# ---------------------------------------------------------------------------------------------- ToolCallStream
+from mmkv.runtime.toolcalls import ArgumentsPiece, CallStart, ContentPiece, ToolCallStream  # noqa: E402
+
+STREAM_CASES = [
+    ('<tool_call>\n{"name": "click", "arguments": {"target": "ok"}}\n</tool_call>', True),
+    ('Sure.\n<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "b", "arguments": '
+     '{"x": [1, {"y": "}\\n</tool"}]}}\n</tool_call>', True),
+    ('Let me see. <tool_call>{"name":"c","arguments":"{\\"k\\": 2}"}</tool_call> then text', False),
+    ("no calls at all, <tool and < signs", False),
+    ('<tool_call>\nnot json\n</tool_call> after', False),
+    ('text <tool_call>\n{"name": "cut", "arguments": {"a": ', False),
+    ('<tool_call>\n{"name": "cut", "arguments": {"a": 1', True),
+]  # fmt: skip
+
+
+def _assemble(pieces):
+    content, calls = "", {}
+    for piece in pieces:
+        if isinstance(piece, ContentPiece):
+            content += piece.text
+        elif isinstance(piece, CallStart):
+            calls[piece.index] = [piece.name, ""]
+        else:
+            calls[piece.index][1] += piece.text
+    return content, [tuple(calls[i]) for i in sorted(calls)]
+
+
+@pytest.mark.parametrize("text,trusted", STREAM_CASES)
+def test_a_streamed_answer_splits_as_the_whole_answer_does_at_any_cut(text, trusted):
+    """Fed in random pieces (one character at a time, or many), the stream yields the same content and calls as
+    the whole text fed at once; a call's name always comes before any of its arguments."""
+    whole = ToolCallStream(trusted)
+    expected = _assemble(whole.feed(text) + whole.finish())
+    rng = random.Random(len(text))
+    for _ in range(20):
+        stream, pieces, cursor = ToolCallStream(trusted), [], 0
+        while cursor < len(text):
+            step = rng.randint(1, 6)
+            pieces += stream.feed(text[cursor : cursor + step])
+            cursor += step
+        pieces += stream.finish()
+        started = set()
+        for piece in pieces:
+            if isinstance(piece, CallStart):
+                started.add(piece.index)
+            if isinstance(piece, ArgumentsPiece):
+                assert piece.index in started
+        assert _assemble(pieces) == expected
+
+
+def test_free_output_calls_are_read_and_malformed_blocks_stay_content():
+    """In free output a well-formed block is a call (arguments as written, or as JSON when written as a string),
+    and one that is not JSON goes out as content, tags and all."""
+    stream = ToolCallStream(trusted=False)
+    content, calls = _assemble(stream.feed(STREAM_CASES[2][0]) + stream.finish())
+    assert calls == [("c", '{"k": 2}')] and content == "Let me see.\nthen text"
+    stream = ToolCallStream(trusted=False)
+    content, calls = _assemble(stream.feed(STREAM_CASES[4][0]) + stream.finish())
+    assert calls == [] and content.startswith("<tool_call>") and "not json" in content
+
+
+def test_trusted_calls_stream_their_arguments_as_written():
+    """Grammar-made calls: the name goes out at once, arguments verbatim (nested braces and a string holding the
+    closing tag's text included)."""
+    stream = ToolCallStream(trusted=True)
+    content, calls = _assemble(stream.feed(STREAM_CASES[1][0]) + stream.finish())
+    assert content == "Sure." and calls == [("a", "{}"), ("b", '{"x": [1, {"y": "}\\n</tool"}]}')]
+    assert json.loads(calls[1][1]) == {"x": [1, {"y": "}\n</tool"}]}
