@@ -1,20 +1,23 @@
-"""The OpenAI-compatible HTTP front end: FastAPI routes over one model ``Worker``.
+"""The OpenAI-compatible HTTP front end: thin FastAPI routes over one ``Engine``.
 
-``create_app(config)`` loads the model and its stores and returns the ASGI app; ``mmkv serve`` runs it under
-uvicorn. Each request is checked (key, size, schema, model, parameters, images) before it queues, so a bad one
-costs no model time and gets its OpenAI error object at once: 400 invalid request or image, 401 wrong key, 404
-unknown model, 413 body or image over the bound, 422 schema, 503 with ``Retry-After`` when the queue is full,
-504 past the request timeout. Nothing a client sends reaches a 500: the handlers turn every error into one of
-these, and an error after a stream started becomes the stream's last ``data: {"error": ...}`` event.
+A chat request's path: the body is read within its bound and validated (``protocol``: unknown fields and
+refused ones are 400s naming them) -> its images are fetched or decoded and the ``Conversation`` built, off the
+event loop (``Engine.intake``) -> its grammar compiled (tools, response format) -> it queues for the one model
+worker (503 when the queue is full) -> the worker's events become one ``ChatCompletion`` or a stream of chunks
+(``replies.Reply``). Every refusal is an OpenAI error object whose status follows the exception's type
+(``engine.as_api_error``); unknown routes and methods are error objects too; a failure after a stream started is
+its last ``data: {"error": ...}`` event. One log line per request (``mmkv.serve``: id, status, tokens, TTFT,
+image sources); a bug is logged with its traceback under the request id and answered with a 500 that says only
+that. ``/v1/responses`` (the Responses API) is not served: a 404 error object says so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
-from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -22,45 +25,66 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..errors import MmkvError
-from ..runtime import DecodeOptions, Sampling
-from .engine import Engine
+from .engine import Engine, as_api_error
 from .media import MediaError
-from .schema import ChatCompletionRequest, error_body, validation_message
-from .worker import Delta, Done, Failed, First, Job, QueueFull
+from .protocol import (
+    ApiError,
+    BadRequest,
+    Busy,
+    ChatCompletionRequest,
+    Delta,
+    InternalError,
+    MethodNotAllowed,
+    NotFound,
+    Timeout,
+    TooLarge,
+    Unauthorized,
+    error_from_validation,
+)
+from .replies import Reply
+from .worker import Delta as DeltaEvent
+from .worker import Done, Failed, First, Job, QueueFull
 
-__all__ = ["ApiError", "create_app"]
+__all__ = ["create_app"]
 
-
-class ApiError(Exception):
-    """A refusal with its HTTP status and OpenAI error type."""
-
-    def __init__(
-        self, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
-    ):
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param = status, message, kind, param
-
-    def response(self) -> JSONResponse:
-        headers = {"Retry-After": "1"} if self.status == 503 else None
-        return JSONResponse(error_body(self.message, self.kind, self.param), self.status, headers=headers)
+log = logging.getLogger("mmkv.serve")
+MAX_JSON_DEPTH = 64  # request JSON nested deeper than this is refused before parsing
 
 
 def create_app(engine: Engine) -> FastAPI:
     """The ASGI app serving ``engine`` (its model already loaded)."""
     config, metrics = engine.config, engine.metrics
-    app = FastAPI(title="mmkv", version=__version__, docs_url=None, redoc_url=None)
+    app = FastAPI(title="mmkv", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
 
-    def finish(response: Response) -> Response:
-        metrics.requests.labels(str(response.status_code)).inc()
-        return response
+    def respond(error: ApiError, request_id: str) -> JSONResponse:
+        metrics.requests.labels(str(error.status)).inc()
+        log.info("%s status=%d error=%s", request_id, error.status, error.message[:200])
+        headers = {"Retry-After": "1"} if error.status == 503 else None
+        return JSONResponse(error.body(), error.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:  # unknown routes, methods
+        if exc.status_code == 405:
+            error: ApiError = MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
+        elif exc.status_code == 404:
+            error = NotFound(
+                f"no route {request.url.path} (this server serves /v1/chat/completions, /v1/models)"
+            )
+        else:
+            error = BadRequest(str(exc.detail))
+            error.status = exc.status_code
+        return respond(error, "-")
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug; still an error object
-        return finish(JSONResponse(error_body(f"internal error: {type(exc).__name__}", "server_error"), 500))
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:  # a bug: logged, never echoed
+        request_id = getattr(request.state, "request_id", "-")
+        log.error("%s internal error", request_id, exc_info=exc)
+        return respond(InternalError(f"internal error (request {request_id})"), request_id)
 
     @app.get("/health")
     async def health() -> dict:
@@ -69,12 +93,10 @@ def create_app(engine: Engine) -> FastAPI:
     @app.get("/v1/models")
     async def models(request: Request):
         if (error := _auth(request, config.api_key)) is not None:
-            return finish(error.response())
+            return respond(error, "-")
         created = int(engine.started)
-        data = [
-            {"id": name, "object": "model", "created": created, "owned_by": "mmkv"} for name in config.names
-        ]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [{"id": n, "object": "model", "created": created, "owned_by": "mmkv"}
+                                            for n in config.names]}  # fmt: skip
 
     @app.get("/metrics")
     async def prometheus() -> Response:
@@ -82,51 +104,47 @@ def create_app(engine: Engine) -> FastAPI:
         metrics.pool_bytes.set(engine.pool.num_bytes)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    @app.api_route("/v1/responses", methods=["GET", "POST"])
+    async def responses():
+        return respond(
+            NotFound("the Responses API (/v1/responses) is not served; use /v1/chat/completions"), "-"
+        )
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
+        request_id = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
         try:
             body = await _checked_request(request, engine)
-            conversation = await run_in_threadpool(engine.conversation, body)
-        except ApiError as error:
-            return finish(error.response())
-        except MediaError as error:
-            return finish(ApiError(error.status, str(error), param="messages").response())
-        except (MmkvError, ValueError, TypeError) as error:  # bad text, role or image: the caller's to fix
-            status = 413 if "over the bound" in str(error) else 400
-            return finish(ApiError(status, str(error), param="messages").response())
-        options = body.mmkv
-        overrides = {} if options is None else options.model_dump(exclude_none=True)
-        policy = replace(config.policy, **overrides)  # the server's policy, with this request's overrides
-        limit = min(body.token_limit or config.max_tokens, config.max_tokens)
-        sampling = Sampling(body.temperature, body.top_p, body.seed) if body.temperature > 0 else Sampling()
-        loop = asyncio.get_running_loop()
-        options = DecodeOptions(limit, sampling, tuple(body.stop or ()))
-        job = Job(
-            conversation, policy, options, loop, asyncio.Queue(), time.monotonic() + config.request_timeout_s
-        )
+            intake = await run_in_threadpool(engine.intake, body)
+            constraint = engine.constraint(intake.grammar)
+        except (ApiError, MediaError, MmkvError, ValueError) as exc:
+            return respond(as_api_error(exc), request_id)
+        job = Job(intake.conversation, intake.policy, intake.options, asyncio.get_running_loop(), asyncio.Queue(),
+                  time.monotonic() + config.request_timeout_s, constraint)  # fmt: skip
         try:
             engine.worker.submit(job)
         except QueueFull:
-            message = f"the server is busy ({config.max_queue} requests waiting); retry shortly"
-            return finish(ApiError(503, message, "server_busy").response())
-        reply = _Reply(body.model, job)
+            return respond(
+                Busy(f"the server is busy ({config.max_queue} requests waiting); retry shortly"), request_id
+            )
+        reply = Reply(
+            body.model, intake.read_tool_calls, intake.calls_trusted, body.logprobs, engine.end_of_turn
+        )
+        reply.id = request_id
+        context = (request, engine, job, reply, intake.image_sources)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             metrics.requests.labels("200").inc()
-            return StreamingResponse(
-                reply.stream(request, engine, include_usage), media_type="text/event-stream"
-            )
-        return finish(await reply.whole(request, engine))
+            return StreamingResponse(_stream(*context, include_usage), media_type="text/event-stream")
+        return await _whole(*context, respond)
 
     return app
 
 
 def _auth(request: Request, api_key: str | None) -> ApiError | None:
-    if api_key is None:
+    if api_key is None or request.headers.get("authorization", "") == f"Bearer {api_key}":
         return None
-    if request.headers.get("authorization", "") != f"Bearer {api_key}":
-        return ApiError(401, "a valid API key is required (Authorization: Bearer <key>)", "invalid_api_key")
-    return None
+    return Unauthorized("a valid API key is required (Authorization: Bearer <key>)")
 
 
 async def _checked_request(request: Request, engine: Engine) -> ChatCompletionRequest:
@@ -136,117 +154,135 @@ async def _checked_request(request: Request, engine: Engine) -> ChatCompletionRe
         raise error
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > config.max_body_bytes:
-        raise ApiError(413, f"the request body is over the bound of {config.max_body_bytes:,} bytes")
+        raise TooLarge(f"the request body is over the bound of {config.max_body_bytes:,} bytes")
     data = bytearray()
     async for chunk in request.stream():
         data += chunk
         if len(data) > config.max_body_bytes:
-            raise ApiError(413, f"the request body is over the bound of {config.max_body_bytes:,} bytes")
+            raise TooLarge(f"the request body is over the bound of {config.max_body_bytes:,} bytes")
+    if _depth(data) > MAX_JSON_DEPTH:
+        raise BadRequest(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         raw = json.loads(bytes(data))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON ({exc})") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise BadRequest(f"the request body is not valid JSON ({str(exc)[:200]})") from None
+    if not isinstance(raw, dict):
+        raise BadRequest("the request body must be a JSON object")
     try:
         body = ChatCompletionRequest.model_validate(raw)
     except ValidationError as exc:
-        message, param = validation_message(exc)
-        raise ApiError(422, message, param=param) from None
-    if body.model not in config.names:
-        raise ApiError(404, f"the model {body.model!r} does not exist; this server serves {list(config.names)}",
-                       "model_not_found", "model")  # fmt: skip
-    if body.n != 1:
-        raise ApiError(400, "n must be 1 (one answer per request)", param="n")
-    if (body.token_limit or 0) > config.max_tokens:
-        raise ApiError(
-            400, f"max_tokens is over this server's bound of {config.max_tokens}", param="max_tokens"
+        raise error_from_validation(exc) from None
+    if (refused := body.refused()) is not None:
+        raise BadRequest(
+            f"{refused[0]} is not supported by this server: {refused[1]}", refused[0], "unsupported_parameter"
         )
+    if body.model not in config.names:
+        error = NotFound(
+            f"the model {body.model!r} does not exist; this server serves {list(config.names)}", "model"
+        )
+        error.code = "model_not_found"
+        raise error
     return body
 
 
-class _Reply:
-    """Turns a job's events into one response or a stream of chunks."""
+def _depth(data: bytes | bytearray) -> int:
+    """The deepest nesting of brackets in JSON text (strings skipped), counted without parsing."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in data:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (byte == 92, byte != 34)
+        elif byte == 34:
+            in_string = True
+        elif byte in (91, 123):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in (93, 125):
+            depth -= 1
+    return deepest
 
-    def __init__(self, model: str, job: Job) -> None:
-        self.model, self.job = model, job
-        self.id, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
-    async def _event(self, request: Request, engine: Engine):
-        """The next event; cancels the job when the client disconnects or the deadline passes (then a
-        ``Failed`` with ``TimeoutError``, or None for a client gone)."""
-        while True:
-            try:
-                return await asyncio.wait_for(self.job.events.get(), timeout=0.25)
-            except TimeoutError:
-                if time.monotonic() > self.job.deadline:
-                    engine.worker.withdraw(self.job)
-                    return Failed(TimeoutError("the request timed out"))
-                if await request.is_disconnected():
-                    engine.worker.withdraw(self.job)
-                    return None
-
-    async def whole(self, request: Request, engine: Engine) -> JSONResponse:
-        while True:
-            event = await self._event(request, engine)
-            if event is None:
-                return JSONResponse(error_body("the client went away", "cancelled"), 499)
-            if isinstance(event, Failed):
-                return _failure(event.error).response()
-            if isinstance(event, Done):
-                answer = event.answer
-                engine.record(answer)
-                message = {"role": "assistant", "content": answer.text}
-                choice = {
-                    "index": 0,
-                    "message": message,
-                    "finish_reason": answer.finish_reason,
-                    "logprobs": None,
-                }
-                body = {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
-                        "choices": [choice], "usage": engine.usage(answer), "mmkv": engine.extension(answer)}  # fmt: skip
-                return JSONResponse(body)
-
-    def _chunk(self, delta: dict, finish: str | None = None) -> str:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                 "choices": [choice]}  # fmt: skip
-        return f"data: {json.dumps(chunk)}\n\n"
-
-    async def stream(self, request: Request, engine: Engine, include_usage: bool):
-        sent_role = False
+async def _next_event(request: Request, engine: Engine, job: Job):
+    """The job's next event; withdraws the job when the client disconnects (None) or the deadline passes (a
+    ``Failed`` holding a ``TimeoutError``)."""
+    while True:
         try:
-            while True:
-                event = await self._event(request, engine)
-                if event is None:
-                    return
-                if isinstance(event, Failed):
-                    error = _failure(event.error)
-                    yield f"data: {json.dumps(error_body(error.message, error.kind))}\n\n"
-                    yield "data: [DONE]\n\n"
-                    return
-                if isinstance(event, (First, Delta)) and not sent_role:
-                    sent_role = True
-                    yield self._chunk({"role": "assistant", "content": ""})
-                if isinstance(event, Delta) and event.step.delta:
-                    yield self._chunk({"content": event.step.delta})
-                if isinstance(event, Done):
-                    answer = event.answer
-                    engine.record(answer)
-                    yield self._chunk({}, answer.finish_reason)
-                    if include_usage:
-                        usage = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                                 "model": self.model, "choices": [], "usage": engine.usage(answer),
-                                 "mmkv": engine.extension(answer)}  # fmt: skip
-                        yield f"data: {json.dumps(usage)}\n\n"
-                    yield "data: [DONE]\n\n"
-                    return
-        finally:
-            self.job.cancelled.set()  # the client stopped reading: stop decoding (harmless once done)
+            return await asyncio.wait_for(job.events.get(), timeout=0.25)
+        except TimeoutError:
+            if time.monotonic() > job.deadline:
+                engine.worker.withdraw(job)
+                return Failed(TimeoutError("the request timed out"))
+            if await request.is_disconnected():
+                engine.worker.withdraw(job)
+                return None
 
 
-def _failure(error: BaseException) -> ApiError:
-    """The error object a failed job answers with, chosen by the exception's type."""
+def _failure(error: BaseException, request_id: str) -> ApiError:
+    """The error object a failed job answers with, by type: the deadline 504, an ``mmkv.MmkvError`` (a prompt past
+    the model's positions, ...) its refusal; anything else is a bug: logged with its traceback, a bare 500."""
     if isinstance(error, TimeoutError):
-        return ApiError(504, "the request timed out", "timeout")
-    if isinstance(error, MmkvError):
-        return ApiError(400, str(error))
-    return ApiError(500, f"internal error: {type(error).__name__}", "server_error")
+        return Timeout("the request timed out")
+    if isinstance(error, (ApiError, MmkvError, MediaError)):
+        return as_api_error(error)
+    log.error("%s internal error", request_id, exc_info=error)
+    return InternalError(f"internal error (request {request_id})")
+
+
+def _log(request_id: str, status: int, answer, sources) -> None:
+    stats = answer.prefill
+    images = (
+        ",".join(f"{scheme}:{image.source}" for scheme, image in zip(sources, stats.images, strict=False))
+        or "-"
+    )
+    log.info("%s status=%d prompt=%d cached=%d completion=%d ttft_ms=%.1f images=%s", request_id, status,
+             stats.prompt_tokens, stats.reused, len(answer.token_ids), 1e3 * answer.ttft_s, images)  # fmt: skip
+
+
+async def _whole(request, engine, job, reply, sources, respond):
+    while True:
+        event = await _next_event(request, engine, job)
+        if event is None:
+            return JSONResponse({"error": {"message": "the client went away", "type": "cancelled"}}, 499)
+        if isinstance(event, Failed):
+            return respond(_failure(event.error, reply.id), reply.id)
+        if isinstance(event, DeltaEvent):
+            reply.take(event.step)
+        elif isinstance(event, Done):
+            reply.close(event.answer)
+            engine.record(event.answer)
+            engine.metrics.requests.labels("200").inc()
+            _log(reply.id, 200, event.answer, sources)
+            return JSONResponse(reply.completion(event.answer).model_dump(mode="json"))
+
+
+async def _stream(request, engine, job, reply, sources, include_usage):
+    started = False
+    try:
+        while True:
+            event = await _next_event(request, engine, job)
+            if event is None:
+                return
+            if isinstance(event, Failed):
+                error = _failure(event.error, reply.id)
+                yield f"data: {json.dumps(error.body())}\n\n"
+                yield "data: [DONE]\n\n"
+                return
+            if isinstance(event, (First, DeltaEvent)) and not started:
+                started = True
+                yield reply.chunk(Delta(role="assistant", content=""), force=True)
+            if isinstance(event, DeltaEvent):
+                if (chunk := reply.chunk(reply.take(event.step) or Delta())) is not None:
+                    yield chunk
+            elif isinstance(event, Done):
+                answer = event.answer
+                if (chunk := reply.chunk(reply.close(answer) or Delta())) is not None:
+                    yield chunk
+                engine.record(answer)
+                yield reply.chunk(Delta(), reply.finish_reason(answer))
+                if include_usage:
+                    yield reply.usage_chunk(answer)
+                yield "data: [DONE]\n\n"
+                _log(reply.id, 200, answer, sources)
+                return
+    finally:
+        job.cancelled.set()  # the client stopped reading: stop decoding (harmless once done)

@@ -1,15 +1,14 @@
 """``Engine``: what one server holds (the model, its stores, the pool of live caches, the model worker, the
-metrics), and the translation between OpenAI requests and mmkv's records.
+metrics) and the two translations a request needs: its body into an ``Intake`` (``mmkv.serve.intake``: images
+fetched or decoded, keyed and preprocessed before the request queues) and its grammar into a constraint.
 
-A request's messages become a ``Conversation`` exactly as a ``Session`` would hold them (one message per
-request message; text parts as text items; image parts, user messages only, decoded, keyed and preprocessed
-here, before the request queues), so the server's prompt is the one ``Session.ask`` renders for the same
-conversation.
+A request's messages become a ``Conversation`` exactly as a ``Session`` would hold them, so the server's prompt
+is the one ``Session.ask`` renders for the same conversation.
 """
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import time
 from pathlib import Path
 
@@ -17,16 +16,23 @@ import mmkv
 
 from ..cache import EncoderStore, KVStore
 from ..cache.memory import MemoryTier
-from ..conversation import Conversation, ConversationImage
+from ..conversation import ConversationImage
+from ..errors import ImageTooLargeError, MmkvError
+from ..images import load_image
 from ..runtime import Answer, prepare_image
+from ..runtime.decode import end_of_turn_id
+from ..runtime.grammar import GrammarSpec, TokenConstraint, constraint_for, vocabulary_of
 from .config import ServerConfig
+from .intake import Intake, bytes_key, low_detail, read_request
 from .media import MediaError, MediaPolicy, read_image_url
 from .metrics import Metrics
 from .pool import LivePool
-from .schema import ChatCompletionRequest, ImagePart
+from .protocol import ApiError, BadRequest, ChatCompletionRequest, TooLarge
 from .worker import Worker
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "as_api_error"]
+
+log = logging.getLogger("mmkv.serve")
 
 
 class Engine:
@@ -50,83 +56,68 @@ class Engine:
         )  # fmt: skip
         self.worker = Worker(self.handle, self.kv_store, self.encoder_store, self.pixels, self.pool,
                              self.metrics, config.max_queue)  # fmt: skip
+        self.end_of_turn = end_of_turn_id(self.handle)
+        vocabulary_of(self.handle)  # the grammar engine's view of the tokenizer, built now, not by a request
         self.started = time.time()
 
-    def conversation(self, body: ChatCompletionRequest) -> Conversation:
-        """The request's messages as a ``Conversation`` (images fetched or decoded, keyed, preprocessed).
-        Raises ``MediaError`` or an ``mmkv.MmkvError`` (text, role or image), changing nothing shared."""
-        conversation, images = Conversation(), 0
-        for message in body.messages:
-            parts = message.content
-            if parts is None or isinstance(parts, str):
-                conversation.add_text(parts or "", message.role, new_message=True)
-                continue
-            for number, part in enumerate(parts):
-                first = number == 0
-                if not isinstance(part, ImagePart):
-                    conversation.add_text(part.text, message.role, new_message=first)
-                    continue
-                if message.role != "user":
-                    raise MediaError(
-                        f"images are accepted in user messages only, not in a {message.role} message"
-                    )
-                images += 1
-                if images > self.config.max_images:
-                    raise MediaError(f"a request holds at most {self.config.max_images} images", 413)
-                data = read_image_url(part.image_url.url, self.media)
-                record = self._image(data)
-                conversation.add_image(record, message.role, new_message=first)
-        return conversation
+    def intake(self, body: ChatCompletionRequest) -> Intake:
+        """The request as mmkv's records (see ``mmkv.serve.intake``). Raises an ``ApiError`` (text, roles,
+        images, URLs, tools, formats), changing nothing shared but the image caches."""
+        try:
+            return read_request(body, self.config.policy, self.config.max_tokens, self.config.max_images,
+                                self._image, lambda url: read_image_url(url, self.media))  # fmt: skip
+        except (ValueError, TypeError) as exc:  # the records' checks: text, roles, tool calls, field values
+            raise as_api_error(exc, "messages") from exc
 
-    def _image(self, data: bytes) -> ConversationImage:
+    def constraint(self, grammar: GrammarSpec | None) -> TokenConstraint | None:
+        """A fresh constraint for one answer (compiled once per grammar), or None."""
+        return None if grammar is None else constraint_for(self.handle, grammar)
+
+    def _image(self, data: bytes, detail: str = "auto") -> ConversationImage:
         """The image record of encoded ``data``: agents resend the same screenshots every turn, so records are
-        kept by a hash of the bytes (bounded LRU) and a resent image is neither decoded nor hashed again."""
-        key = hashlib.sha256(data).hexdigest()
+        kept by a hash of the bytes (bounded LRU) and a resent image is neither decoded nor hashed again.
+        ``detail="low"``: shrunk to fit a 512x512 square first."""
+        key = bytes_key(data, detail)
         record = self.decoded.get(key)
         if record is None:
-            record = prepare_image(self.handle, data, self.config.max_image_pixels, self.config.policy.reuse,
+            source = (
+                data
+                if detail != "low"
+                else low_detail(load_image(data, max_pixels=self.config.max_image_pixels))
+            )
+            record = prepare_image(self.handle, source, self.config.max_image_pixels, self.config.policy.reuse,
                                    self.encoder_store, self.pixels)  # fmt: skip
             self.decoded.put(key, record, 3 * record.pixels.width * record.pixels.height + len(data))
         return record  # (preprocessed pixels evicted since are made again by the turn that needs them)
 
-    def usage(self, completion: Answer) -> dict:
-        """The OpenAI usage object; ``cached_tokens`` = prompt tokens whose KV was not recomputed."""
-        stats = completion.prefill
-        return {
-            "prompt_tokens": stats.prompt_tokens,
-            "completion_tokens": len(completion.token_ids),
-            "total_tokens": stats.prompt_tokens + len(completion.token_ids),
-            "prompt_tokens_details": {"cached_tokens": stats.reused},
-        }
-
-    def extension(self, completion: Answer) -> dict:
-        """The ``mmkv`` object of a response: where each image came from, and what the turn took."""
-        stats = completion.prefill
-        images = [
-            {"index": r.index, "source": r.source, "encoder": r.encoder, "digest": r.digest}
-            for r in stats.images
-        ]
-        return {
-            "images": images,
-            "prefilled_tokens": stats.prefilled,
-            "reused_tokens": stats.reused,
-            "ttft_ms": round(1e3 * completion.ttft_s, 3),
-            "queue_ms": round(1e3 * completion.queue_s, 3),
-        }
-
-    def record(self, completion: Answer) -> None:
+    def record(self, answer: Answer) -> None:
         """Count a finished request in the metrics."""
-        m, stats = self.metrics, completion.prefill
-        m.ttft.observe(completion.ttft_s)
+        m, stats = self.metrics, answer.prefill
+        m.ttft.observe(answer.ttft_s)
         m.prompt_tokens.inc(stats.prompt_tokens)
         m.cached_tokens.inc(stats.reused)
         m.prefilled_tokens.inc(stats.prefilled)
-        m.completion_tokens.inc(len(completion.token_ids))
+        m.completion_tokens.inc(len(answer.token_ids))
         for image in stats.images:
             m.image_sources.labels(image.source).inc()
 
     def close(self) -> None:
         self.worker.close()
+
+
+def as_api_error(error: BaseException, param: str | None = None) -> ApiError:
+    """The refusal an exception stands for, chosen by its type: an ``ApiError`` itself; a media refusal with its
+    status; an image over a bound 413; any other ``mmkv.MmkvError`` (a bad image, an unusable grammar, a prompt
+    past the model's positions) and a record's ``ValueError`` / ``TypeError`` 400."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, MediaError):
+        return (TooLarge if error.status == 413 else BadRequest)(str(error), param)
+    if isinstance(error, ImageTooLargeError):
+        return TooLarge(str(error), param)
+    if isinstance(error, (MmkvError, ValueError, TypeError)):
+        return BadRequest(str(error), param)
+    raise TypeError(f"not a refusal: {type(error).__name__}")
 
 
 def _stores(tiers: tuple[str, ...]) -> tuple[KVStore, EncoderStore]:

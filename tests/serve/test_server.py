@@ -180,18 +180,18 @@ def _error(response) -> dict:
         ({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}, 404, "does not exist"),
         (
             {"model": "tiny-qwen3-vl", "messages": [{"role": "robot", "content": "hi"}]},
-            422,
-            "messages.0.role",
+            400,
+            "'robot'",
         ),
-        ({"model": "tiny-qwen3-vl", "messages": []}, 422, "messages"),
+        ({"model": "tiny-qwen3-vl", "messages": []}, 400, "messages"),
         (
             {"model": "tiny-qwen3-vl", "messages": [{"role": "user", "content": "hi"}], "n": 2},
             400,
-            "n must be 1",
+            "n: Input should be less than or equal to 1",
         ),
         (
             {"model": "tiny-qwen3-vl", "messages": [{"role": "user", "content": "hi"}], "temperature": 9},
-            422,
+            400,
             "temperature",
         ),
         (
@@ -236,11 +236,11 @@ def _error(response) -> dict:
         (
             {"model": "tiny-qwen3-vl", "messages": [{"role": "system", "content": [image_part(1)]}]},
             400,
-            "user messages only",
+            "messages.0.system.content",
         ),
         (
             {"model": "tiny-qwen3-vl", "messages": [{"role": "user", "content": "bad \ud800"}]},
-            422,
+            400,
             "valid string",
         ),
         (
@@ -259,7 +259,7 @@ def test_refusals_carry_their_status_and_message(server, body, status, match):
     assert response.status_code == status, response.text
     assert match in _error(response)["message"]
     raw = server.post(json.dumps(body, ensure_ascii=False).encode("utf-8", "surrogatepass"))  # raw bytes
-    assert raw.status_code in (status, 400, 422) and raw.status_code != 500
+    assert raw.status_code in (status, 400) and raw.status_code != 500
 
 
 def test_size_bounds_give_413(server):

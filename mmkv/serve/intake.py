@@ -1,0 +1,155 @@
+"""A checked chat-completions request turned into mmkv's records: the ``Conversation`` (messages, images, tool
+calls, tool results, declared tools), the ``TurnPolicy``, the ``DecodeOptions`` and the grammar the answer must
+follow. Everything a client sends is untrusted: each refusal is an ``ApiError`` (or an ``mmkv.MmkvError``, which
+the HTTP layer maps by type) raised before anything shared changes.
+
+How tools and formats decide decoding (``Intake.grammar``):
+
+| tools | tool_choice | response_format | the answer |
+|---|---|---|---|
+| none, or ``none`` | - | text | free text |
+| none, or ``none`` | - | json_object / json_schema | JSON (grammar) |
+| listed | ``auto`` (default) | text | free text, read for ``<tool_call>`` blocks |
+| listed | ``auto`` | json | tool call(s) or JSON (grammar) |
+| listed | ``required`` / named | text | tool call(s) of a listed / the named function, arguments valid (grammar) |
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from PIL import Image
+
+from ..conversation import Conversation, ConversationImage, ToolCall
+from ..runtime import DecodeOptions, LogitRules, Sampling, TurnPolicy
+from ..runtime.grammar import GrammarSpec, json_object, json_schema, tool_calls, tool_calls_or
+from .protocol import BadRequest, ChatCompletionRequest, ImagePart, NamedToolChoice, TooLarge
+
+__all__ = ["LOW_DETAIL_SIDE", "Intake", "bytes_key", "low_detail", "read_request"]
+
+LOW_DETAIL_SIDE = 512  # image_url.detail "low": the image is shrunk to fit a square of this side first
+
+
+@dataclass(frozen=True)
+class Intake:
+    """What one request asks the model to do."""
+
+    conversation: Conversation  # the messages as mmkv holds them (images decoded, keyed, preprocessed)
+    policy: TurnPolicy  # the server's, with the request's "mmkv" overrides
+    options: DecodeOptions  # budget, sampling, stops, logprobs, penalties
+    grammar: GrammarSpec | None  # what the answer must be, or None (free text)
+    read_tool_calls: bool  # whether the answer is read for tool calls (tools listed, tool_choice not "none")
+    calls_trusted: bool  # the grammar makes the answer well-formed calls (they may stream at once)
+    image_sources: tuple[str, ...]  # each image's URL scheme, for the log line
+
+
+def read_request(
+    body: ChatCompletionRequest,
+    base_policy: TurnPolicy,
+    max_tokens: int,
+    max_images: int,
+    image_record: Callable[[bytes], ConversationImage],
+    read_url: Callable[[str], bytes],
+) -> Intake:
+    """``body`` as an ``Intake``. ``image_record(data)``: an encoded image's record (decoded, keyed,
+    preprocessed; raises the ``mmkv.ImageError`` of a bad one); ``read_url(url)``: an image URL's bytes under the
+    server's media rules (raises ``MediaError``). Raises ``BadRequest`` / ``TooLarge`` naming the field."""
+    conversation, sources = Conversation(), []
+    # declared whatever the tool choice ("none" too): the prompt then stays the same from turn to turn
+    conversation.set_tools([tool.model_dump(exclude_none=True) for tool in body.tools or ()])
+
+    def add_parts(parts, role: str) -> None:
+        for number, part in enumerate(parts):
+            first = number == 0 and role != "tool"
+            if not isinstance(part, ImagePart):
+                conversation.add_text(part.text, role, new_message=first)
+                continue
+            sources.append(part.image_url.url.split(":", 1)[0].lower()[:16])
+            if len(sources) > max_images:
+                raise TooLarge(f"a request holds at most {max_images} images", "messages")
+            record = image_record(read_url(part.image_url.url), part.image_url.detail)
+            conversation.add_image(record, role, new_message=first)
+
+    for message in body.messages:
+        role = "system" if message.role == "developer" else message.role
+        if role == "tool":
+            conversation.add_tool_response(message.tool_call_id)
+        if role == "assistant" and message.tool_calls:
+            text = (
+                message.content
+                if isinstance(message.content, str)
+                else "".join(p.text for p in message.content or ())
+            )
+            calls = [ToolCall(c.id, c.function.name, c.function.arguments) for c in message.tool_calls]
+            conversation.add_tool_calls(calls, text)
+            continue
+        content = message.content
+        if isinstance(content, str):
+            if role == "tool":
+                conversation.add_text(content, role)
+            else:
+                conversation.add_text(content, role, new_message=True)
+            continue
+        add_parts(content, role)
+    overrides = {} if body.mmkv is None else body.mmkv.model_dump(exclude_none=True)
+    grammar, read_calls, trusted = _grammar(body)
+    return Intake(
+        conversation, replace(base_policy, **overrides), _options(body, max_tokens), grammar, read_calls, trusted,
+        tuple(sources),
+    )  # fmt: skip
+
+
+def _options(body: ChatCompletionRequest, max_tokens: int) -> DecodeOptions:
+    """Budget, sampling, stops, logprobs and penalties of ``body`` (within the server's ``max_tokens``)."""
+    if (body.token_limit or 0) > max_tokens:
+        raise BadRequest(f"max_tokens is over this server's bound of {max_tokens}", "max_tokens")
+    top_k = body.top_k if body.top_k and body.top_k > 0 else 0
+    sampling = (
+        Sampling(body.temperature, body.top_p, body.seed, top_k) if body.temperature > 0 else Sampling()
+    )
+    bias = tuple((int(token), float(value)) for token, value in (body.logit_bias or {}).items())
+    rules = LogitRules(body.presence_penalty, body.frequency_penalty, body.repetition_penalty or 1.0, bias)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    return DecodeOptions(
+        min(body.token_limit or max_tokens, max_tokens), sampling, tuple(body.stop or ()), logprobs, rules
+    )
+
+
+def _grammar(body: ChatCompletionRequest) -> tuple[GrammarSpec | None, bool, bool]:
+    """The grammar the answer must follow, whether to read it for tool calls, and whether those are grammar-made
+    (see the module docstring). Raises ``GrammarError`` (a 400) for a schema or tool list that cannot be one."""
+    answer = None
+    form = body.response_format
+    if form is not None and form.type == "json_object":
+        answer = json_object()
+    elif form is not None and form.type == "json_schema":
+        answer = json_schema(form.json_schema.schema_, bool(form.json_schema.strict))
+    tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
+    choice = body.tool_choice or ("auto" if tools else "none")
+    if not tools or choice == "none":
+        if isinstance(choice, NamedToolChoice) or choice == "required":
+            raise BadRequest("tool_choice asks for a tool call but no tools are listed", "tool_choice")
+        return answer, False, False
+    if choice == "auto":
+        if answer is None:
+            return None, True, False
+        return tool_calls_or(tool_calls(tools, "required", body.parallel_tool_calls), answer), True, True
+    mode = {"name": choice.function.name} if isinstance(choice, NamedToolChoice) else "required"
+    return tool_calls(tools, mode, body.parallel_tool_calls), True, True
+
+
+def low_detail(image: Image.Image) -> Image.Image:
+    """``image`` shrunk (aspect kept) to fit a ``LOW_DETAIL_SIDE`` square: ``image_url.detail: "low"``."""
+    if max(image.size) <= LOW_DETAIL_SIDE:
+        return image
+    scale = LOW_DETAIL_SIDE / max(image.size)
+    return image.resize(
+        (max(1, round(image.width * scale)), max(1, round(image.height * scale))), Image.BICUBIC
+    )
+
+
+def bytes_key(data: bytes, detail: str) -> str:
+    """The key of an encoded image's record: the hash of its bytes and the detail it was read at."""
+    return hashlib.sha256(data).hexdigest() + ("" if detail != "low" else ":low")
