@@ -9,6 +9,7 @@ skill = mmkv.text.precompile(model, "Skill: ...")  # text segments; Session.edit
 from . import mrope, text
 from .errors import (
     EmptyImageError,
+    GrammarError,
     ImageError,
     ImageShapeError,
     ImageTooLargeError,
@@ -35,6 +36,7 @@ __all__ = [
     "Session",
     "SessionConfig",
     "EmptyImageError",
+    "GrammarError",
     "ImageError",
     "ImageShapeError",
     "ImageTooLargeError",

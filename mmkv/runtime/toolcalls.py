@@ -226,8 +226,11 @@ class ToolCallStream:
     def finish(self) -> list[StreamPiece]:
         """The answer ended: what is left (an unclosed block: its arguments so far when trusted, else content)."""
         out: list[StreamPiece] = []
-        if self._in_block and self.trusted and self._head_done and self._pending:
-            out.append(ArgumentsPiece(self.num_calls - 1, self._pending))
+        if self._in_block and self.trusted and self._head_done:  # cut short (the budget): its arguments so far
+            pending = self._pending
+            cut = next((k for k in range(len(_TAIL), 0, -1) if pending.endswith(_TAIL[:k])), 0)
+            if pending[: len(pending) - cut]:
+                out.append(ArgumentsPiece(self.num_calls - 1, pending[: len(pending) - cut]))
         elif self._in_block and not self.trusted:
             out.append(self._content(TOOL_CALL_OPEN + self._pending.rstrip()))
         elif not self._in_block and self._pending.strip():
