@@ -87,7 +87,9 @@ def test_the_reused_fraction_is_the_spliced_share_of_the_prompt(results):
             assert res["aggregate"][arm][category]["reused_fraction"]["value"] == pytest.approx(expected)
         assert res["aggregate"]["none"][category]["reused_fraction"]["value"] == 0.0
         assert res["aggregate"]["encoder"][category]["reused_fraction"]["value"] == 0.0
-        assert res["aggregate"]["kv"][category]["reused_fraction"]["value"] > 0.2  # tiny tokenizer: long texts
+        assert (
+            res["aggregate"]["kv"][category]["reused_fraction"]["value"] > 0.2
+        )  # tiny tokenizer: long texts
     assert "| reused |" in (results[1] / "results.md").read_text()
 
 

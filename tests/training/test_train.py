@@ -1,0 +1,103 @@
+"""Training on tool-using episodes: the labels are exactly the hermes tool calls, the prompts are the eval's,
+the images are 64 tokens, a few steps lower the loss, and a step-bounded run writes its snapshots and report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import mmkv
+from evals.episodes import step_inputs
+from evals.tasks import make_samples
+from mmkv.envs import expert_episode, hermes_text
+from mmkv.model.registry import SHIPPED, SHIPPED_DIR
+from mmkv.model.templates import TOOLS_INSTRUCTION
+from training.data import collate, encode_episode_step, supervised_calls
+from training.model import IMAGE_BOUNDS, load_for_training
+from training.train_small import train
+
+
+@pytest.fixture(scope="module", params=sorted(SHIPPED))
+def handle(request):
+    """A shipped checkpoint as training continues it (tool template, 256 px bounds)."""
+    directory = SHIPPED_DIR / SHIPPED[request.param]
+    if not (directory / "config.json").is_file():
+        pytest.skip(f"{request.param} is not trained yet")
+    return load_for_training(directory)
+
+
+def test_pictures_are_64_tokens_and_the_template_renders_tools(handle):
+    """Suite pictures and desktop screens are 8 x 8 language-model tokens in both families; the chat
+    template lists tools with the released hermes instruction."""
+    assert handle.processor.pixel_bounds == IMAGE_BOUNDS[handle.family.name]
+    pictures = [make_samples("multihop", 1)[0].images[0], expert_episode(0).first_image]
+    for picture in pictures:
+        assert handle.processor.num_image_tokens(handle.processor.image_grid(picture)) == 64
+    episode = expert_episode(0)
+    text = handle.processor.apply_chat_template(episode.messages(0), True, tools=episode.tools)
+    assert TOOLS_INSTRUCTION in text and '"name": "click"' in text
+
+
+@pytest.mark.parametrize("screenshot_in", ["tool", "user"])
+def test_labels_are_exactly_the_supervised_tool_calls(handle, screenshot_in):
+    """Every labelled token belongs to a supervised call's hermes text + <|im_end|>; their count is the sum of
+    those texts' lengths; the prompt before call k is token for token the eval's prompt (stock path)."""
+    episode = expert_episode(4)
+    processor = handle.processor
+    for k in range(len(episode.steps)):
+        example = encode_episode_step(handle, episode, k, screenshot_in, window=3)
+        calls = [
+            processor.encode_text(hermes_text(episode.steps[j].call) + "<|im_end|>")
+            for j in supervised_calls(k, 3)
+        ]
+        labelled = example["labels"][example["labels"] != -100].tolist()
+        assert labelled == [t for call in calls for t in call]
+        prompt = step_inputs(
+            processor, episode.messages(k, screenshot_in=screenshot_in, as_url=False), episode.tools
+        )
+        n = prompt["input_ids"].shape[1]
+        assert torch.equal(example["ids"][:n], prompt["input_ids"][0]) and example["labels"][n - 1] == -100
+        assert len(example["ids"]) < 0.6 * handle.max_positions  # a 10-step episode: about 2,100 tokens
+
+
+def test_a_few_steps_lower_the_tool_call_loss(handle):
+    """Three optimiser steps on one batch of episode steps lower that batch's tool-call loss."""
+    model = handle.model.train()
+    batch = [encode_episode_step(handle, expert_episode(s), 1, "tool", 3) for s in (1, 2)]
+    inputs = collate(handle, batch)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(3):
+        loss = model(**inputs).loss
+        model.model.rope_deltas = None
+        losses.append(loss.item())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    assert losses[-1] < losses[0]
+
+
+def test_a_bounded_run_writes_snapshots_progress_and_report(tmp_path):
+    """Two steps from the shipped Qwen3-VL weights, a snapshot after each: progress.jsonl holds the start, the
+    snapshot and the end with quick estimates; step-000001 and final load through mmkv.load with the tool
+    template and the new image bounds."""
+    init = SHIPPED_DIR / SHIPPED["small-qwen3-vl"]
+    if not (init / "config.json").is_file():
+        pytest.skip("small-qwen3-vl is not trained yet")
+    report = train("qwen3_vl", tmp_path, init=init, steps=2, batch_size=2, tool_batch=1, checkpoint_every=1,
+                   snapshot_n=1, snapshot_episodes=1)  # fmt: skip
+    lines = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 1, 2] and lines[-1]["final"]
+    assert all(
+        0 <= line["tools_quick"]["step_accuracy"] <= 1 and "multihop" in line["heldout_quick"]
+        for line in lines
+    )
+    assert report["steps_done"] == 2 and report["stopped_by"] == "steps" and report["total_steps"] > 2
+    for name in ("step-000001", "final"):
+        loaded = mmkv.load(tmp_path / name)
+        assert loaded.processor.pixel_bounds == IMAGE_BOUNDS["qwen3_vl"]
+        assert "tool_call" in loaded.processor.chat_template
+    assert json.loads((tmp_path / "final" / "training_report.json").read_text())["steps_done"] == 2
