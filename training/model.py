@@ -3,8 +3,16 @@
 ``build_model`` makes a fresh small model of a family (the real transformers classes shrunk to a few million
 parameters, a byte-level BPE tokenizer of 700 tokens trained on the suite's texts, the family's chat template).
 ``load_for_training`` continues a saved checkpoint (``--init``) and brings what is not weights up to date: the
-chat template that renders tools (``mmkv/model/templates.py``) and the image bounds below. The tokenizer is kept,
-so the weights carry over token for token.
+chat template that renders tools (``mmkv/model/templates.py``), the image bounds below and the tool tokens.
+
+Tool tokens: the 700-token BPE was trained on the suite's prose and splits the tools block into about 1.6
+characters per token (an 880-token system message; 55 tokens per tool call). ``TOOL_TOKENS`` are added to it as
+ordinary (non-special) added tokens, every existing id unchanged: the hermes tags, which the released Qwen2.5-VL
+/ Qwen3-VL tokenizers also hold as single added tokens (``<tool_call>`` 151657, ``</tool_call>`` 151658,
+``<tool_response>`` 151665, ``</tool_response>`` 151666), ``<tools>`` / ``</tools>``, and the quoted JSON keys
+and values of the desktop's tool specs (what a large BPE holds as merges). The system message falls to 570
+tokens and a tool call to 22. A new token's embedding starts as the mean of the embeddings of the pieces it
+replaces, so a continued model reads it as it read those pieces; none of them occurs in the suite's texts.
 
 Image bounds: the suite's and the desktop's 256 x 256 px pictures are 64 language-model tokens in both
 families: Qwen3-VL (patch 16, merge 2) keeps them at 256 px (8 x 8 tokens of 32 px; at most 65,536 px per
@@ -49,6 +57,14 @@ IMAGE_BOUNDS = {  # (min_pixels, max_pixels): see the module docstring
     "qwen3_vl": (32 * 32 * 4, 256 * 256),
     "qwen2_5_vl": (28 * 28 * 4, 224 * 224),
 }
+
+
+TOOL_TOKENS = (
+    "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<tools>", "</tools>",
+    '"type"', '"function"', '"name"', '"description"', '"parameters"', '"object"', '"properties"', '"string"',
+    '"enum"', '"required"', '"arguments"', '"target"', '"field"', '"text"', '"item"', '"note"', '"ticket"',
+    '"approve"', '"submit"', '"ok"', '"close"', '"click"', '"fill"', '"escalate"', '"admin"', '"viewer"',
+)  # fmt: skip
 
 
 def _corpus() -> list[str]:
@@ -108,13 +124,39 @@ def build_model(family: str, seed: int = 0) -> ModelHandle:
         vision |= {"patch_size": 14, "window_size": 56, "fullatt_block_indexes": [1, 3]}
         config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
         model = Qwen2_5_VLForConditionalGeneration(config)
+    add_tool_tokens(tokenizer, model)
     processor = VLProcessor(tokenizer, _image_processor(family), TEMPLATES[family])
     return ModelHandle.from_parts(OUT_NAMES[family], model.eval(), processor, FAMILIES[family])
 
 
+def add_tool_tokens(tokenizer, model) -> int:
+    """Add the missing ``TOOL_TOKENS`` to ``tokenizer`` (ordinary added tokens: existing ids unchanged) and grow
+    ``model``'s tied embeddings to match, each new row the mean of the rows of the pieces the token replaces.
+    Changes both in place; returns how many tokens were added."""
+    from tokenizers import AddedToken
+
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in TOOL_TOKENS if t not in vocab]
+    if not missing:
+        return 0
+    pieces = {t: tokenizer(t, add_special_tokens=False)["input_ids"] for t in missing}  # before adding
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in missing])
+    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    embeddings = model.get_input_embeddings().weight  # (vocab, hidden)
+    with torch.no_grad():
+        for token, ids in pieces.items():
+            embeddings[tokenizer.convert_tokens_to_ids(token)] = embeddings[ids].mean(0)
+    assert model.get_output_embeddings().weight.data_ptr() == embeddings.data_ptr(), (
+        "embeddings must stay tied"
+    )
+    return len(missing)
+
+
 def with_current_processor(handle: ModelHandle) -> ModelHandle:
-    """``handle`` with its tokenizer and weights, but this module's chat template (tools) and image bounds."""
+    """``handle`` with its weights, but this module's chat template (tools), image bounds and tool tokens (the
+    tokenizer and the embeddings grown in place)."""
     family = handle.family.name
+    add_tool_tokens(handle.processor.tokenizer, handle.model)
     processor = VLProcessor(handle.processor.tokenizer, _image_processor(family), TEMPLATES[family])
     return ModelHandle.from_parts(handle.name, handle.model, processor, handle.family)
 
