@@ -3,6 +3,7 @@ the images are 64 tokens, a few steps lower the loss, and a step-bounded run wri
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -63,8 +64,9 @@ def test_labels_are_exactly_the_supervised_tool_calls(handle, screenshot_in):
 
 
 def test_a_few_steps_lower_the_tool_call_loss(handle):
-    """Three optimiser steps on one batch of episode steps lower that batch's tool-call loss."""
-    model = handle.model.train()
+    """Three optimiser steps on one batch of episode steps lower that batch's tool-call loss (on a copy: the
+    fixture stays as loaded)."""
+    model = copy.deepcopy(handle.model).train()
     batch = [encode_episode_step(handle, expert_episode(s), 1, "tool", 3) for s in (1, 2)]
     inputs = collate(handle, batch)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -76,7 +78,6 @@ def test_a_few_steps_lower_the_tool_call_loss(handle):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    model.eval()
     assert losses[-1] < losses[0]
 
 
@@ -101,3 +102,27 @@ def test_a_bounded_run_writes_snapshots_progress_and_report(tmp_path):
         assert loaded.processor.pixel_bounds == IMAGE_BOUNDS["qwen3_vl"]
         assert "tool_call" in loaded.processor.chat_template
     assert json.loads((tmp_path / "final" / "training_report.json").read_text())["steps_done"] == 2
+
+
+def test_tool_tokens_leave_the_suite_and_the_old_logits_unchanged(handle):
+    """The added tool tokens are single tokens (the hermes tags as in the released tokenizers); every suite text
+    tokenises as before, and the continued model's logits over the old vocabulary are the shipped model's."""
+    from evals.tasks import TRAINING_CATEGORIES, sample_session
+    from training.model import TOOL_TOKENS
+
+    shipped = mmkv.load(handle.name)
+    old, new = shipped.tokenizer, handle.tokenizer
+    assert len(new) == len(old) + len(TOOL_TOKENS) and new("<tool_call>", add_special_tokens=False)[
+        "input_ids"
+    ] == [len(old)]
+    for category in TRAINING_CATEGORIES:
+        for s in make_samples(category, 10, split="train"):
+            for text in (s.system, s.question, s.answer, *(t.text for t in s.turns)):
+                assert (
+                    old(text, add_special_tokens=False)["input_ids"]
+                    == new(text, add_special_tokens=False)["input_ids"]
+                )
+    sample = make_samples("agentic_text", 1)[0]
+    before = sample_session(shipped, sample, reuse="none").next_token_logits(sample.question)  # (700,)
+    after = sample_session(handle, sample, reuse="none").next_token_logits(sample.question)  # (732,)
+    assert (before - after[: len(old)]).abs().max() < 1e-4
