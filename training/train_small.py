@@ -17,9 +17,12 @@ Run::
         --steps 300 --checkpoint-every 100 --snapshot-n 20 --snapshot-episodes 10   # prove the pipeline
     python training/train_small.py --family qwen2_5_vl --steps 3000 --out /tmp/fresh   # from scratch
 
-Outputs in ``--out``: ``step-<N>/`` checkpoints (standard directories ``mmkv.load`` reads), ``progress.jsonl``
-(one line per snapshot: losses, step time, quick held-out estimates per VQA category and per-step tool-call
-accuracy, ``training/quick_eval.py``), ``final/`` and ``training_report.json`` (settings and results).
+Outputs in ``--out``: the final checkpoint itself (a standard directory ``mmkv.load`` reads), ``step-<N>/``
+snapshots (the same), ``progress.jsonl`` (one line per snapshot: losses, step time, quick held-out estimates per
+VQA category and per-step tool-call accuracy, ``training/quick_eval.py``; the last line is the final evaluation on
+``--eval-n`` samples per category and ``--eval-n`` / 4 episodes) and ``training_report.json`` (settings, results).
+``--target`` stops at the first snapshot whose every quick estimate (each VQA category and the per-step tool-call
+accuracy) reaches it.
 ``--max-minutes`` bounds the run in wall time: the cosine schedule advances by whichever of the step and the time
 fraction is further along, so a time-bounded run still ends at a low learning rate.
 """
@@ -150,7 +153,9 @@ def train(
     checkpoint_every: int = 0,
     checkpoint_minutes: float | None = None,
     snapshot_n: int = 30,
-    snapshot_episodes: int = 24,
+    snapshot_episodes: int | None = None,
+    eval_n: int = 100,
+    target: float | None = None,
     device: str = "cpu",
 ) -> dict:
     """Train (from scratch, or on from the checkpoint ``init``) and save into ``out``; returns the report written
@@ -159,7 +164,9 @@ def train(
     Stops after ``steps`` steps or ``max_minutes`` of wall time (the schedule is time-aware, see
     ``schedule_progress``). Snapshots (a checkpoint and quick estimates) at the start, every
     ``checkpoint_every`` steps and every ``checkpoint_minutes`` of wall time, whichever comes first, and at the
-    end (``out/final``)."""
+    end (on ``eval_n`` samples per category and ``eval_n // 4`` episodes; the checkpoint saved into ``out``
+    itself). ``target`` stops at the first snapshot whose every quick estimate reaches it; ``snapshot_episodes``
+    defaults to ``snapshot_n // 2``."""
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     handle = build_model(family, seed) if init is None else load_for_training(init, device)
@@ -181,12 +188,14 @@ def train(
         * 0.5 * (1 + math.cos(math.pi * schedule_progress(s, steps, time.time() - started, max_seconds))),
     )  # fmt: skip
     batches = _Batches(handle, seed, offset)
+    snapshot_episodes = max(1, snapshot_n // 2) if snapshot_episodes is None else snapshot_episodes
     episodes = [expert_episode(i, "heldout") for i in range(snapshot_episodes)]
     settings = {
         "family": family, "init": None if init is None else str(init), "steps": steps, "batch_size": batch_size,
         "tool_batch": tool_batch, "lr": lr, "warmup": warmup, "seed": seed, "max_minutes": max_minutes,
         "checkpoint_every": checkpoint_every, "checkpoint_minutes": checkpoint_minutes, "mix": MIX,
-        "windows": WINDOWS, "snapshot_n": snapshot_n, "snapshot_episodes": snapshot_episodes,
+        "windows": WINDOWS, "snapshot_n": snapshot_n, "snapshot_episodes": snapshot_episodes, "eval_n": eval_n,
+        "target": target,
         "torch_threads": torch.get_num_threads(), "image_bounds": handle.processor.pixel_bounds,
     }  # fmt: skip
     (out / "settings.json").write_text(json.dumps(settings, indent=1))
@@ -218,17 +227,22 @@ def train(
                     "lr": schedule.get_last_lr()[0], "step_seconds": sum(step_seconds[-100:]) / len(step_seconds[-100:])}  # fmt: skip
             lines.append(_snapshot(handle, out, line, snapshot_n, episodes, save=True))
             last_snapshot = time.time()
+            quick = [*lines[-1]["heldout_quick"].values(), lines[-1]["tools_quick"]["step_accuracy"]]
+            if target is not None and min(quick) >= target:
+                stopped_by = "target"
+                break
     train_seconds = time.time() - started
     recent = {k: sum(v[-100:]) / max(1, len(v[-100:])) for k, v in losses.items()}
     line = {"step": done, "seconds": round(train_seconds, 1), "loss_suite": recent["suite"], "loss_tool": recent["tool"],
             "step_seconds": sum(step_seconds[-100:]) / max(1, len(step_seconds[-100:])), "final": True}  # fmt: skip
-    lines.append(_snapshot(handle, out, line, snapshot_n, episodes, save=False))
-    ModelHandle.from_parts(handle.name, model.eval(), handle.processor, handle.family).save(out / "final")
+    final_episodes = [expert_episode(i, "heldout") for i in range(max(1, eval_n // 4))]
+    lines.append(_snapshot(handle, out, line | {"eval_n": eval_n}, eval_n, final_episodes, save=False))
+    ModelHandle.from_parts(handle.name, model.eval(), handle.processor, handle.family).save(out)
     report = {
         **settings,
         "params": sum(p.numel() for p in model.parameters()),
         "steps_done": done,
-        "stopped_by": stopped_by,  # "steps" or "time" (max_minutes)
+        "stopped_by": stopped_by,  # "steps", "time" (max_minutes) or "target"
         "train_seconds": round(train_seconds, 1),
         "median_step_seconds": sorted(step_seconds)[len(step_seconds) // 2] if step_seconds else None,
         "final": lines[-1],
@@ -246,7 +260,6 @@ def train(
         ],  # fmt: skip
     }
     (out / "training_report.json").write_text(json.dumps(report, indent=1))
-    (out / "final" / "training_report.json").write_text(json.dumps(report, indent=1))
     return report
 
 
@@ -273,7 +286,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--snapshot-n", type=int, default=30, help="held-out samples per category per snapshot"
     )
-    parser.add_argument("--snapshot-episodes", type=int, default=24, help="held-out episodes per snapshot")
+    parser.add_argument("--snapshot-episodes", type=int, default=None, help="held-out episodes per snapshot")
+    parser.add_argument(
+        "--eval-n", type=int, default=100, help="final held-out samples per category (n/4 episodes)"
+    )
+    parser.add_argument(
+        "--target", type=float, default=None, help="stop once every quick estimate reaches this"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     return parser

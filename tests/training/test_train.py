@@ -83,13 +83,13 @@ def test_a_few_steps_lower_the_tool_call_loss(handle):
 
 def test_a_bounded_run_writes_snapshots_progress_and_report(tmp_path):
     """Two steps from the shipped Qwen3-VL weights, a snapshot after each: progress.jsonl holds the start, the
-    snapshot and the end with quick estimates; step-000001 and final load through mmkv.load with the tool
-    template and the new image bounds."""
+    snapshot and the final evaluation; step-000001 and the run directory itself load through mmkv.load with the
+    tool template and the new image bounds."""
     init = SHIPPED_DIR / SHIPPED["small-qwen3-vl"]
     if not (init / "config.json").is_file():
         pytest.skip("small-qwen3-vl is not trained yet")
     report = train("qwen3_vl", tmp_path, init=init, steps=2, batch_size=2, tool_batch=1, checkpoint_every=1,
-                   snapshot_n=1, snapshot_episodes=1)  # fmt: skip
+                   snapshot_n=1, snapshot_episodes=1, eval_n=2)  # fmt: skip
     lines = [json.loads(line) for line in (tmp_path / "progress.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [0, 1, 2] and lines[-1]["final"]
     assert all(
@@ -97,11 +97,11 @@ def test_a_bounded_run_writes_snapshots_progress_and_report(tmp_path):
         for line in lines
     )
     assert report["steps_done"] == 2 and report["stopped_by"] == "steps" and report["total_steps"] > 2
-    for name in ("step-000001", "final"):
-        loaded = mmkv.load(tmp_path / name)
+    for directory in (tmp_path / "step-000001", tmp_path):
+        loaded = mmkv.load(directory)
         assert loaded.processor.pixel_bounds == IMAGE_BOUNDS["qwen3_vl"]
         assert "tool_call" in loaded.processor.chat_template
-    assert json.loads((tmp_path / "final" / "training_report.json").read_text())["steps_done"] == 2
+    assert lines[-1]["eval_n"] == 2 and lines[-1]["tools_quick"]["steps"] >= 4  # eval_n // 4 -> one episode
 
 
 def test_tool_tokens_leave_the_suite_and_the_old_logits_unchanged(handle):
