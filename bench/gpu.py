@@ -150,6 +150,7 @@ def train_both(plan: Plan, out: Path, log: Log) -> dict[str, dict]:
             f"--snapshot-n={plan.snapshot_n}",
             f"--eval-n={plan.eval_n}",
             "--lr=1e-3",
+            *(["--batch-size=2", "--tool-batch=1"] if plan.smoke else []),  # tool episodes are ~1,000 tokens
         ]
         log(f"== train {name}: {' '.join(command)}")
         sink = open(work / f"train-{name}.log", "w", encoding="utf-8")  # noqa: SIM115 (closed below)

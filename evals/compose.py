@@ -44,7 +44,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -54,7 +53,15 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import mmkv  # noqa: E402
 from evals.edit import FLIP, GATES, TEMPLATE, edit_samples  # noqa: E402
-from evals.report import cells, default_out, format_interval, save_figure, script_main, write_results  # noqa: E402
+from evals.report import (  # noqa: E402
+    COMPOSE_METRICS,
+    cells,
+    compose_markdown,
+    compose_plot,
+    default_out,
+    script_main,
+    write_results,
+)
 from evals.tasks import (  # noqa: E402
     AGENTIC_FIELD,
     AGENTIC_QUESTION,
@@ -171,67 +178,11 @@ def score_sample(
     return records
 
 
-def _speedup(full: np.ndarray, arm: np.ndarray) -> np.ndarray:
-    return np.median(full, -1) / np.median(arm, -1)
-
-
-METRICS = {  # name -> (record columns, statistic over the last axis)
-    "agreement": (("agree",), lambda x: x.mean(-1)),
-    "accuracy": (("correct",), lambda x: x.mean(-1)),
-    "cosine": (("cosine",), lambda x: x.mean(-1)),
-    "fraction": (("fraction",), lambda x: np.median(x, -1)),
-    "ttft_s": (("ttft_s",), lambda x: np.median(x, -1)),
-    "speedup": (("full_ttft_s", "ttft_s"), _speedup),
-}
-
-
 def aggregate(records: Sequence[dict], by: str = "gate", resamples: int = 1000, seed: int = 0) -> dict:
     """Per arm (in ``records``' order of first appearance) and value of ``by`` (``"gate"`` or ``"shift"``; and
-    ``"all"``): ``n`` and each of ``METRICS`` as ``{"value", "low", "high"}`` (seeded bootstrap 95%). Pure."""
-    return cells(records, "arm", by, METRICS, resamples, seed)
-
-
-def to_markdown(table: dict, by: str = "gate") -> str:
-    """A table (bootstrap 95% intervals in brackets)."""
-    lines = [
-        f"| arm | {by} | n | agreement with full | accuracy | logit cosine | fraction computed | "
-        "median TTFT ms | speedup |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for arm, groups in table.items():
-        for group, c in groups.items():
-            lines.append(
-                f"| {arm} | {group} | {c['n']} | {format_interval(c['agreement'])} | "
-                f"{format_interval(c['accuracy'])} | {format_interval(c['cosine'], 4)} | "
-                f"{format_interval(c['fraction'], 3)} | {format_interval(c['ttft_s'], 1, 1e3)} | "
-                f"{format_interval(c['speedup'])}x |"
-            )
-    return "\n".join(lines)
-
-
-def plot(by_shift: dict, path: str | Path, title: str = "") -> None:
-    """Agreement with ``full`` (left) and logit cosine (right) against the shift, one line per arm; a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11.0, 4.2))
-    for arm, groups in by_shift.items():
-        if arm == "full":
-            continue
-        shifts = sorted(g for g in groups if g != "all")
-        for ax, key in zip(axes, ("agreement", "cosine"), strict=True):
-            style = "--" if arm.startswith("no-rotate") else "-"
-            ax.plot(shifts, [groups[s][key]["value"] for s in shifts], style, marker="o", label=arm)
-    axes[0].set_ylabel("decision agreement with full")
-    axes[0].set_ylim(0, 1.05)
-    axes[1].set_ylabel("first-token logit cosine with full")
-    for ax in axes:
-        ax.set_xscale("symlog", linthresh=50)
-        ax.set_xlabel("positions moved (> 0: spliced after a preamble, < 0: compiled after one)")
-    axes[1].legend(fontsize=7)
-    save_figure(fig, path, title)
+    ``"all"``): ``n`` and each of ``COMPOSE_METRICS`` (Wilson 95% for agreement and accuracy, seeded bootstrap
+    for the rest). Pure."""
+    return cells(records, "arm", by, COMPOSE_METRICS, resamples, seed)
 
 
 def run(
@@ -315,11 +266,11 @@ def run(
         f"({segments[(directions[0], shifts[0], 'admin')].length} tokens with `admin`) precompiled once per role "
         f"and preamble, moved by preambles of {', '.join(map(str, shifts))} tokens: shift > 0 spliced after the "
         "preamble, shift < 0 compiled after it and spliced at the message's start (actual token counts in the "
-        "shift column); arms against `full`, bootstrap 95% intervals in brackets.\n\n"
+        "shift column); arms against `full`, 95% intervals in brackets (Wilson for proportions, bootstrap otherwise).\n\n"
     )
-    markdown = to_markdown(by_gate) + "\n\n## By shift\n\n" + to_markdown(by_shift, "shift")
+    markdown = compose_markdown(by_gate) + "\n\n## By shift\n\n" + compose_markdown(by_shift, "shift")
     title = f"{name}: precompiled policy spliced, {len(work)} samples"
-    write_results(out, results, header, markdown, lambda p: plot(by_shift, p, title=title))
+    write_results(out, results, header, markdown, lambda p: compose_plot(by_shift, p, title=title))
     return results
 
 
@@ -342,4 +293,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    script_main("evals/compose.py", build_parser(), run, to_markdown)
+    script_main("evals/compose.py", build_parser(), run, compose_markdown)

@@ -13,8 +13,8 @@ Per sample, each arm starts from the context prefilled with the old value, chang
   ``full`` is the reference.
 
 Per arm and gate: accuracy (the new value's call), agreement with ``full``, ``follows_old`` (the old value's
-call), first-token logit cosine with ``full``, fraction of the context recomputed and edit time, with bootstrap
-95% intervals. Writes ``results.json``, ``results.md`` and ``results.png`` to ``--out``
+call), first-token logit cosine with ``full``, fraction of the context recomputed and edit time, with 95%
+intervals (Wilson for the proportions, bootstrap for the rest; ``evals/report.py``). Samples are distinct. Writes ``results.json``, ``results.md`` and ``results.png`` to ``--out``
 (default ``runs/edit-<model>``). Scoring a sample (``score_sample``) is kept apart from aggregating.
 
     python evals/edit.py --model small-qwen3-vl
@@ -27,10 +27,8 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -40,10 +38,11 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import mmkv  # noqa: E402
 from evals.report import (  # noqa: E402
-    bootstrap,
+    EDIT_METRICS,
+    cells,
     default_out,
-    format_interval,
-    save_figure,
+    edit_markdown,
+    edit_plot,
     script_main,
     write_results,
 )
@@ -58,7 +57,7 @@ from evals.tasks import (  # noqa: E402
 )
 from mmkv.cli import HelpFormatter  # noqa: E402
 
-__all__ = ["ARM_NAMES", "GATES", "aggregate", "edit_samples", "run", "score_sample", "to_markdown"]
+__all__ = ["ARM_NAMES", "GATES", "aggregate", "edit_samples", "run", "score_sample"]
 
 ARM_NAMES = ("ignored", "erratum", "in_place", "selective", "selective-deviation", "suffix", "full")
 GATES = {"screen": "agentic", "text": "agentic_text"}  # gate -> the task category that shows it that way
@@ -68,11 +67,16 @@ TEMPLATE = AGENTIC_POLICY.replace("{role}", "{" + AGENTIC_FIELD + "}")  # the po
 
 
 def edit_samples(gate: str, n: int, seed: int = 0, flips: bool = True) -> list[tuple[Sample, str]]:
-    """``n`` held-out samples of ``gate`` without an erratum of their own, each with its policy's role; with
-    ``flips``, only those whose decision the role flips (a red badge)."""
-    out = []
+    """``n`` distinct held-out samples of ``gate`` without an erratum of their own, each with its policy's role;
+    with ``flips``, only those whose decision the role flips (a red badge)."""
+    out, seen = [], set()
     for sample in iter_samples(GATES[gate], seed, "heldout"):
-        if len(sample.turns) == 1 and (sample.answer in ANSWER.values() or not flips):
+        if (
+            len(sample.turns) == 1
+            and (sample.answer in ANSWER.values() or not flips)
+            and sample.digest not in seen
+        ):
+            seen.add(sample.digest)
             out.append((sample, "admin" if "account_role: admin." in sample.system else "viewer"))
             if len(out) == n:
                 break
@@ -131,81 +135,9 @@ def score_sample(
 
 
 def aggregate(records: Sequence[dict], resamples: int = 1000, seed: int = 0) -> dict[str, dict[str, dict]]:
-    """Per arm and gate (and ``"all"``): ``n``, then ``accuracy``, ``agreement``, ``follows_old``, ``cosine``
-    (means) and ``fraction``, ``edit_ms`` (medians), each ``{"value", "low", "high"}`` (bootstrap 95%)."""
-    arms = [a for a in ARM_NAMES if any(r["arm"] == a for r in records)]
-    gates = list(dict.fromkeys(r["gate"] for r in records))
-    table: dict[str, dict[str, dict]] = {}
-    for arm in arms:
-        table[arm] = {}
-        for gate in [*gates, "all"]:
-            cell = [r for r in records if r["arm"] == arm and gate in (r["gate"], "all")]
-            if not cell:
-                continue
-
-            def estimate(key: str, median: bool = False, scale: float = 1.0, cell=cell) -> dict:
-                column = np.array([scale * float(r[key]) for r in cell])
-                statistic = (lambda x: np.median(x, -1)) if median else (lambda x: x.mean(-1))
-                return asdict(bootstrap([column], statistic, resamples, seed))
-
-            table[arm][gate] = {
-                "n": len(cell),
-                "accuracy": estimate("correct"),
-                "agreement": estimate("agree"),
-                "follows_old": estimate("follows_old"),
-                "cosine": estimate("cosine"),
-                "fraction": estimate("fraction", median=True),
-                "edit_ms": estimate("edit_s", median=True, scale=1e3),
-            }
-    return table
-
-
-def to_markdown(table: dict[str, dict[str, dict]]) -> str:
-    """The aggregate as a Markdown table (bootstrap 95% intervals in brackets)."""
-    lines = [
-        "| strategy | gate | n | accuracy | agreement with full | follows old value | logit cosine | "
-        "fraction recomputed | median edit ms |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for arm, cells in table.items():
-        for gate, c in cells.items():
-            lines.append(
-                f"| {arm} | {gate} | {c['n']} | {format_interval(c['accuracy'])} | "
-                f"{format_interval(c['agreement'])} | {format_interval(c['follows_old'])} | "
-                f"{format_interval(c['cosine'], 4)} | {format_interval(c['fraction'], 3)} | "
-                f"{format_interval(c['edit_ms'], 1)} |"
-            )
-    return "\n".join(lines)
-
-
-def plot(table: dict[str, dict[str, dict]], path: str | Path, title: str = "") -> None:
-    """Agreement with ``full`` (bars, per gate) and the fraction recomputed (dots), per strategy; a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    arms = list(table)
-    gates = [g for g in next(iter(table.values())) if g != "all"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(max(9.0, 1.5 * len(arms)), 4.0))
-    width = 0.8 / max(1, len(gates))
-    for i, gate in enumerate(gates):
-        est = [table[a][gate]["agreement"] for a in arms]
-        values = np.array([e["value"] for e in est])
-        errors = np.clip(
-            np.array([[e["value"] - e["low"] for e in est], [e["high"] - e["value"] for e in est]]), 0, None
-        )
-        left.bar(
-            np.arange(len(arms)) + i * width, values, width, yerr=errors, capsize=3, label=f"{gate} gate"
-        )
-    left.set_xticks(np.arange(len(arms)) + width * (len(gates) - 1) / 2, arms, rotation=30, ha="right")
-    left.set_ylabel("decision agreement with full")
-    left.set_ylim(0, 1.05)
-    left.legend()
-    right.bar(range(len(arms)), [table[a]["all"]["fraction"]["value"] for a in arms], color="tab:gray")
-    right.set_xticks(range(len(arms)), arms, rotation=30, ha="right")
-    right.set_ylabel("fraction of context recomputed")
-    save_figure(fig, path, title)
+    """Per arm and gate (and ``"all"``): ``n``, then ``accuracy``, ``agreement``, ``follows_old`` (Wilson 95%),
+    ``cosine`` (mean) and ``fraction``, ``edit_ms`` (medians; bootstrap 95%): ``EDIT_METRICS``. Pure."""
+    return cells(records, "arm", "gate", EDIT_METRICS, resamples, seed, ARM_NAMES)
 
 
 def run(
@@ -257,11 +189,11 @@ def run(
         "aggregate": table,
     }
     header = (
-        f"# Edit eval: {name}\n\n{len(work)} samples (red badge: the edit flips the call), strategies against "
-        f"`full`, k = {k}; bootstrap 95% intervals in brackets.\n\n"
+        f"# Edit eval: {name}\n\n{len(work)} distinct samples (red badge: the edit flips the call), strategies "
+        f"against `full`, k = {k}; 95% intervals in brackets (Wilson for proportions, bootstrap for the rest).\n\n"
     )
     title = f"{name}: field edit, {len(work)} samples"
-    write_results(out, results, header, to_markdown(table), lambda p: plot(table, p, title=title))
+    write_results(out, results, header, edit_markdown(table), lambda p: edit_plot(table, p, title=title))
     return results
 
 
@@ -280,4 +212,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    script_main("evals/edit.py", build_parser(), run, to_markdown)
+    script_main("evals/edit.py", build_parser(), run, edit_markdown)

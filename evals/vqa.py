@@ -20,14 +20,16 @@ Each arm of each sample warms its own fresh stores, then runs one measured pass 
 (``last_prefill.seconds``: rendering to first-token logits on the host, store writes excluded, the span
 ``Answer.ttft_s`` covers); ``ask(question)`` on the same session then decodes the answer greedily (its prompt is
 all live by then, so the answer continues exactly those logits). Warm passes are never timed. Scoring
-(``score_sample``) is kept apart from aggregation (``aggregate``: per arm and category, with seeded bootstrap 95%
-intervals).
+(``score_sample``) is kept apart from aggregation (``aggregate``, ``evals/report.py``: per arm and category,
+Wilson 95% intervals for accuracy and agreement, seeded bootstrap intervals for the rest, and the fraction of
+prompt tokens reused: spliced rather than recomputed).
 
 Example runs::
 
     python evals/vqa.py --model tiny-qwen3-vl --n 20
     python evals/vqa.py --model small-qwen3-vl
     python evals/vqa.py --model qwen3-vl-8b --device cuda --n 100 --categories agentic trajectory
+    python evals/vqa.py --model small-qwen3-vl --categories multihop --arms kv-shifted
     python evals/vqa.py --model tiny-qwen2.5-vl --n 5 --arms kv-shifted kv-no-rotate --seam 2
     python evals/vqa.py --model qwen3-vl-8b --jsonl my_tasks.jsonl --out runs/mine
 
@@ -42,12 +44,11 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -57,12 +58,12 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import mmkv  # noqa: E402
 from evals.report import (  # noqa: E402
-    Estimate,
-    bootstrap,
+    VQA_METRICS,
+    cells,
     default_out,
-    format_interval,
-    save_figure,
     script_main,
+    vqa_markdown,
+    vqa_plot,
     write_results,
 )
 from evals.tasks import (  # noqa: E402
@@ -80,17 +81,13 @@ __all__ = [
     "ARM_NAMES",
     "MIN_SHIFT",
     "Arm",
-    "Estimate",
     "aggregate",
-    "bootstrap",
     "build_parser",
     "build_session",
     "image_starts",
     "make_arms",
-    "plot",
     "run",
     "score_sample",
-    "to_markdown",
 ]
 
 # kv-shifted arms: the least distance (positions) between where an image was cached and where it is placed
@@ -281,132 +278,37 @@ def score_sample(
         result, shifts = _run_arm(handle, sample, by_name[name], max_new_tokens)
         reference = reference or result
         answer = normalise_answer(result.answer.text)
+        shift_range = (min(map(abs, shifts)), max(map(abs, shifts))) if shifts else (None, None)
         records[name] = {
-            "digest": sample.digest,
-            "category": sample.category,
-            "arm": name,
-            "question": sample.question,
-            "expected": sample.answer,
-            "answer": result.answer.text,
+            "digest": sample.digest, "category": sample.category, "arm": name, "question": sample.question,
+            "expected": sample.answer, "answer": result.answer.text,
             "correct": answer == normalise_answer(sample.answer),
             "agree": answer == normalise_answer(reference.answer.text),
             "cosine": _cosine(result.logits, reference.logits),
             "top1_agree": int(result.logits.argmax()) == int(reference.logits.argmax()),
-            "ttft_s": result.ttft_s,
-            "none_ttft_s": reference.ttft_s,
-            "speedup": reference.ttft_s / result.ttft_s,
-            "prompt_tokens": result.prompt_tokens,
-            "prefilled_tokens": result.prefilled_tokens,
-            "reused_tokens": result.prompt_tokens - result.prefilled_tokens,
-            "sources": list(result.sources),
-            "shifts": shifts,
-            "min_abs_shift": min((abs(s) for s in shifts), default=None) if shifts is not None else None,
-            "max_abs_shift": max((abs(s) for s in shifts), default=None) if shifts is not None else None,
-        }
+            "ttft_s": result.ttft_s, "none_ttft_s": reference.ttft_s, "speedup": reference.ttft_s / result.ttft_s,
+            "prompt_tokens": result.prompt_tokens, "prefilled_tokens": result.prefilled_tokens,
+            "reused_tokens": result.prompt_tokens - result.prefilled_tokens, "sources": list(result.sources),
+            "shifts": shifts, "min_abs_shift": shift_range[0], "max_abs_shift": shift_range[1],
+        }  # fmt: skip
     return records
 
 
 # --------------------------------------------------------------------------------------------- aggregation
-def _mean(x: np.ndarray) -> np.ndarray:
-    return x.mean(-1)
-
-
-def _median(x: np.ndarray) -> np.ndarray:
-    return np.median(x, -1)
-
-
-def _speedup(none_ttft: np.ndarray, arm_ttft: np.ndarray) -> np.ndarray:
-    return np.median(none_ttft, -1) / np.median(arm_ttft, -1)
-
-
 def aggregate(records: Sequence[dict], resamples: int = 1000, seed: int = 0) -> dict[str, dict[str, dict]]:
-    """Per arm and category (and ``"all"``): ``n``, ``accuracy``, ``agreement`` (with none), ``cosine`` (mean
-    first-token logit cosine with none), ``ttft_s`` (median), ``speedup`` (median none TTFT / median arm TTFT,
-    paired per sample), each ``{"value", "low", "high"}`` with a seeded bootstrap 95% interval, and
-    ``min_abs_shift`` / ``max_abs_shift`` (kv arms: the least / largest image shift over the cell's samples, in
-    positions; else None).
+    """Per arm and category (and ``"all"``): ``n`` and ``VQA_METRICS`` (``evals/report.py``): ``accuracy`` and
+    ``agreement`` (with none) with Wilson 95% intervals; ``cosine`` (mean first-token logit cosine with none),
+    ``ttft_s`` (median), ``speedup`` (median none TTFT / median arm TTFT, paired per sample) and
+    ``reused_fraction`` (prompt tokens not run through the model / prompt tokens, over the cell) with seeded
+    bootstrap intervals; and ``min_abs_shift`` / ``max_abs_shift`` (kv arms: the least / largest image shift
+    over the cell's samples, in positions; else None). Pure (no model needed). Arms in ``ARM_NAMES`` order,
+    categories in order of first appearance, then ``"all"``."""
 
-    Reads the record fields ``arm``, ``category``, ``correct``, ``agree``, ``cosine``, ``ttft_s``,
-    ``none_ttft_s`` and the optional ``min_abs_shift`` / ``max_abs_shift``; pure (no model needed). Arms come in
-    ``ARM_NAMES`` order, categories in order of first appearance, then ``"all"``.
-    """
-    arms = [a for a in ARM_NAMES if any(r["arm"] == a for r in records)]
-    arms += sorted({r["arm"] for r in records} - set(arms))
-    categories = list(dict.fromkeys(r["category"] for r in records))
-    table: dict[str, dict[str, dict]] = {}
-    for arm in arms:
-        table[arm] = {}
-        for category in [*categories, "all"]:
-            cell = [r for r in records if r["arm"] == arm and category in (r["category"], "all")]
-            if not cell:
-                continue
+    def shift(pick, key: str):
+        return lambda cell: pick((r[key] for r in cell if r.get(key) is not None), default=None)
 
-            def column(key: str, cell: list[dict] = cell) -> np.ndarray:
-                return np.array([float(r[key]) for r in cell], dtype=np.float64)  # (n,)
-
-            def estimate(columns: Sequence[np.ndarray], statistic: Callable[..., np.ndarray]) -> dict:
-                return asdict(bootstrap(columns, statistic, resamples, seed))
-
-            least = [r["min_abs_shift"] for r in cell if r.get("min_abs_shift") is not None]
-            most = [r["max_abs_shift"] for r in cell if r.get("max_abs_shift") is not None]
-            table[arm][category] = {
-                "n": len(cell),
-                "accuracy": estimate([column("correct")], _mean),
-                "agreement": estimate([column("agree")], _mean),
-                "cosine": estimate([column("cosine")], _mean),
-                "ttft_s": estimate([column("ttft_s")], _median),
-                "speedup": estimate([column("none_ttft_s"), column("ttft_s")], _speedup),
-                "min_abs_shift": min(least) if least else None,
-                "max_abs_shift": max(most) if most else None,
-            }
-    return table
-
-
-def to_markdown(table: dict[str, dict[str, dict]]) -> str:
-    """The aggregate as a Markdown table, one row per arm and category, intervals in brackets; ``shift`` is the
-    range of distances (positions) between where spliced images were cached and where they were placed."""
-    lines = [
-        "| arm | category | n | accuracy | agreement with none | logit cosine | median TTFT ms | speedup | "
-        "shift |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for arm, cells in table.items():
-        for category, c in cells.items():
-            shift = "" if c["min_abs_shift"] is None else f"{c['min_abs_shift']}-{c['max_abs_shift']}"
-            lines.append(
-                f"| {arm} | {category} | {c['n']} | {format_interval(c['accuracy'])} | {format_interval(c['agreement'])} | "
-                f"{format_interval(c['cosine'], 5)} | {format_interval(c['ttft_s'], 1, 1e3)} | {format_interval(c['speedup'])}x | "
-                f"{shift} |"
-            )
-    return "\n".join(lines)
-
-
-def plot(table: dict[str, dict[str, dict]], path: str | Path, title: str = "") -> None:
-    """Two panels over the arms (category ``"all"``): agreement with none and speedup over none, as bars with
-    their bootstrap intervals. Writes a PNG to ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    arms = [a for a in table if "all" in table[a]]
-    fig, axes = plt.subplots(1, 2, figsize=(max(8.0, 1.6 * len(arms)), 4.0))
-    for ax, key, label in zip(
-        axes, ("agreement", "speedup"), ("agreement with none", "speedup over none (x)"), strict=True
-    ):
-        est = [table[a]["all"][key] for a in arms]
-        values = np.array([e["value"] for e in est])  # (arms,)
-        errors = np.array(
-            [[e["value"] - e["low"] for e in est], [e["high"] - e["value"] for e in est]]
-        )  # (2, A)
-        ax.bar(range(len(arms)), values, yerr=np.clip(errors, 0, None), capsize=4, color="tab:blue")
-        ax.set_xticks(range(len(arms)), arms, rotation=30, ha="right")
-        ax.set_ylabel(label)
-        if key == "speedup":
-            ax.axhline(1.0, color="grey", linewidth=0.8)
-        else:
-            ax.set_ylim(0, 1.05)
-    save_figure(fig, path, title)
+    extras = {"min_abs_shift": shift(min, "min_abs_shift"), "max_abs_shift": shift(max, "max_abs_shift")}
+    return cells(records, "arm", "category", VQA_METRICS, resamples, seed, ARM_NAMES, extras)
 
 
 # --------------------------------------------------------------------------------------------------- runs
@@ -451,39 +353,22 @@ def run(
     for sample in tqdm(samples, desc=f"vqa {name}", unit="sample", disable=not progress):
         records.extend(score_sample(handle, sample, arms, seam, max_new_tokens).values())
     table = aggregate(records, seed=seed)
-    results = {
-        "settings": {
-            "model": name,
-            "family": handle.family.name,
-            "device": str(handle.device),
-            "dtype": str(handle.dtype),
-            "n": n,
-            "seed": seed,
-            "seam": seam,
-            "categories": list(categories),
-            "jsonl": None if jsonl is None else str(jsonl),
-            "arms": list(arms),
-            "max_new_tokens": max_new_tokens,
-            "num_samples": len(samples),
-            "min_shift": MIN_SHIFT,
-            "bootstrap_resamples": 1000,
-            "seconds": time.perf_counter() - started,
-            "median_none_ttft_s": statistics.median(r["ttft_s"] for r in records if r["arm"] == "none"),
-        },
-        "records": records,
-        "aggregate": table,
-    }
+    settings = {
+        "model": name, "family": handle.family.name, "device": str(handle.device), "dtype": str(handle.dtype),
+        "n": n, "seed": seed, "seam": seam, "categories": list(categories), "arms": list(arms),
+        "jsonl": None if jsonl is None else str(jsonl), "max_new_tokens": max_new_tokens,
+        "num_samples": len(samples), "min_shift": MIN_SHIFT, "bootstrap_resamples": 1000,
+        "interval": "wilson (accuracy, agreement), bootstrap (others)", "seconds": time.perf_counter() - started,
+        "median_none_ttft_s": statistics.median(r["ttft_s"] for r in records if r["arm"] == "none"),
+    }  # fmt: skip
+    results = {"settings": settings, "records": records, "aggregate": table}
     header = (
         f"# VQA eval: {name}\n\n{len(samples)} samples, arms against full recompute (`none`), seam {seam}, "
-        f"{handle.device} {handle.dtype}; bootstrap 95% intervals in brackets.\n\n"
+        f"{handle.device} {handle.dtype}; 95% intervals in brackets (Wilson for accuracy and agreement, "
+        "bootstrap for the rest); `reused`: the fraction of prompt tokens spliced, not recomputed.\n\n"
     )
-    write_results(
-        out,
-        results,
-        header,
-        to_markdown(table),
-        lambda p: plot(table, p, title=f"{name}: {len(samples)} samples"),
-    )
+    title = f"{name}: {len(samples)} samples"
+    write_results(out, results, header, vqa_markdown(table), lambda p: vqa_plot(table, p, title=title))
     return results
 
 
@@ -493,9 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="small-qwen3-vl", help="any name mmkv.load understands")
     parser.add_argument("--n", type=int, default=200, help="samples per category")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--seam", type=int, default=1, help="tokens recomputed per spliced image (kv, kv-shifted)"
-    )
+    parser.add_argument("--seam", type=int, default=1, help="tokens recomputed per spliced image (kv arms)")
     parser.add_argument("--categories", nargs="+", choices=CATEGORIES, default=None)
     parser.add_argument("--arms", nargs="+", choices=ARM_NAMES, default=None, help="none always runs")
     parser.add_argument(
@@ -508,4 +391,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
-    script_main("evals/vqa.py", build_parser(), run, to_markdown)
+    script_main("evals/vqa.py", build_parser(), run, vqa_markdown)

@@ -1,22 +1,30 @@
-"""Train the small shipped checkpoints on the synthetic task suite, so the eval and the demo have models that
-decide something.
+"""Train the small shipped checkpoints on the extended task suite and on tool-using desktop episodes.
 
-The models are the real transformers classes (Qwen2.5-VL, Qwen3-VL) shrunk to a few million parameters, with a
-byte-level BPE tokenizer trained on the suite's texts and the family's chat template. Prompts are rendered by an
-``mmkv.Session`` (exactly as the eval and the demo render them), the loss is on the answer tokens only, and the
-result is saved as a standard checkpoint directory that ``mmkv.load("small-qwen3-vl")`` loads.
+The models are the real transformers classes (Qwen2.5-VL, Qwen3-VL) shrunk to a few million parameters
+(``training/model.py``). Each step draws a batch of suite samples (every category, ``MIX``; answer-only loss,
+rendered by ``mmkv.Session``) and a batch of desktop episode steps (``training/data.py``: the messages an agent
+resends, tools declared, a window of 2-4 screenshots in tool or user messages, rendered through the stock chat
+template; the loss on the hermes tool calls). The step's loss is the mean answer-token loss of the first plus
+the mean tool-call-token loss of the second (gradients accumulated over forward calls of similar lengths: one
+per episode step, so a 2,000-token prompt never pads a 1,000-token one). Continue from shipped weights with ``--init`` (the chat template
+and image bounds are brought up to date, the tokenizer kept).
 
 Run::
 
-    python training/train_small.py --family qwen3_vl --steps 3000          # -> checkpoints/small-qwen3-vl
-    python training/train_small.py --family qwen2_5_vl --steps 3000        # -> checkpoints/small-qwen2.5-vl
-    python training/train_small.py --family qwen3_vl --steps 50 --out /tmp/smoke --eval-n 10   # smoke run
-    python training/train_small.py --family qwen3_vl --init checkpoints/small-qwen3-vl --out /tmp/more \
-        --steps 20000 --max-minutes 120 --target 0.9 --checkpoint-every 1000 --lr 1e-3   # continue, bounded
+    python training/train_small.py --family qwen3_vl --init checkpoints/small-qwen3-vl --out /work/runs/train-qwen3 \
+        --max-minutes 300 --checkpoint-minutes 40                       # the real run: time-bounded
+    python training/train_small.py --family qwen3_vl --init checkpoints/small-qwen3-vl --out /tmp/smoke \
+        --steps 300 --checkpoint-every 100 --snapshot-n 20 --snapshot-episodes 10   # prove the pipeline
+    python training/train_small.py --family qwen2_5_vl --steps 3000 --out /tmp/fresh   # from scratch
 
-``--max-minutes`` bounds the run in time: the cosine schedule advances by whichever of the step and the time
-fraction is further along, so a time-bounded run still ends at a low learning rate. ``--target`` stops at the
-first snapshot whose quick held-out estimate reaches it in every category.
+Outputs in ``--out``: the final checkpoint itself (a standard directory ``mmkv.load`` reads), ``step-<N>/``
+snapshots (the same), ``progress.jsonl`` (one line per snapshot: losses, step time, quick held-out estimates per
+VQA category and per-step tool-call accuracy, ``training/quick_eval.py``; the last line is the final evaluation on
+``--eval-n`` samples per category and ``--eval-n`` / 4 episodes) and ``training_report.json`` (settings, results).
+``--target`` stops at the first snapshot whose every quick estimate (each VQA category and the per-step tool-call
+accuracy) reaches it.
+``--max-minutes`` bounds the run in wall time: the cosine schedule advances by whichever of the step and the time
+fraction is further along, so a time-bounded run still ends at a low learning rate.
 """
 
 from __future__ import annotations
@@ -33,188 +41,23 @@ if __name__ == "__main__":  # run as a script from anywhere: make the repository
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-from tqdm import tqdm
-from transformers import (
-    Qwen2_5_VLConfig,
-    Qwen2_5_VLForConditionalGeneration,
-    Qwen3VLConfig,
-    Qwen3VLForConditionalGeneration,
-)
-from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-import mmkv
-from evals.tasks import (
-    AGENTIC_POLICY,
-    COLOURS,
-    SHAPES,
-    TRAINING_CATEGORIES,
-    Sample,
-    iter_samples,
-    make_samples,
-    normalise_answer,
-    sample_session,
-)
-from mmkv.model.handle import FAMILIES, ModelHandle
-from mmkv.model.processor import VLProcessor
-from mmkv.model.templates import QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
-from mmkv.model.tiny import train_tokenizer
+from evals.tasks import TRAINING_CATEGORIES, iter_samples
+from mmkv.envs import expert_episode
+from mmkv.model.handle import ModelHandle
+from training.data import collate, encode_episode_step, encode_sample
+from training.model import OUT_NAMES, build_model, load_for_training
+from training.quick_eval import tool_accuracy, vqa_accuracy
 
-# Share of each category in a batch: the agentic tasks are learnt fastest, so the rest get more of the data.
-MIX = {"perception": 0.25, "reasoning": 0.25, "trajectory": 0.25, "agentic": 0.15, "agentic_text": 0.10}
-OUT_NAMES = {"qwen3_vl": "small-qwen3-vl", "qwen2_5_vl": "small-qwen2.5-vl"}
+__all__ = ["MIX", "schedule_progress", "train"]
 
-
-def _corpus() -> list[str]:
-    """Texts the tokenizer is trained on: everything the suite and the chat template can say."""
-    words = [*COLOURS, *SHAPES, "yes", "no", "first", "second", "same", "admin", "viewer"]
-    lines = [AGENTIC_POLICY.format(role=r) for r in ("admin", "viewer")]
-    for category in TRAINING_CATEGORIES:
-        for sample in make_samples(category, 300, seed=123, split="train"):
-            lines += [sample.question, sample.answer, *(t.text for t in sample.turns)]
-    lines += ["system user assistant", "You are a helpful assistant.", " ".join(words)]
-    lines += [f"click(approve) escalate(ticket) click(submit) fill(field) Screen {i}." for i in range(1, 7)]
-    return lines
-
-
-def build_model(family: str, seed: int = 0) -> ModelHandle:
-    """A fresh small model of ``family`` with its tokenizer, image processor and chat template."""
-    tokenizer = train_tokenizer(_corpus(), vocab_size=700)
-    vocab = tokenizer.get_vocab()
-    ids = {
-        "image_token_id": vocab["<|image_pad|>"],
-        "video_token_id": vocab["<|video_pad|>"],
-        "vision_start_token_id": vocab["<|vision_start|>"],
-        "vision_end_token_id": vocab["<|vision_end|>"],
-    }
-    text = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": 128,
-        "intermediate_size": 384,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "max_position_embeddings": 4096,
-        "bos_token_id": None,
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-        "tie_word_embeddings": True,
-    }
-    vision = {
-        "depth": 4,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_heads": 4,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "out_hidden_size": 128,
-    }
-    torch.manual_seed(seed)
-    if family == "qwen3_vl":
-        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [6, 5, 5]}
-        vision |= {"patch_size": 16, "num_position_embeddings": 64, "deepstack_visual_indexes": [1, 3]}
-        config = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
-        model = Qwen3VLForConditionalGeneration(config)
-        image_processor = Qwen2VLImageProcessorPil(
-            patch_size=16,
-            merge_size=2,
-            min_pixels=32 * 32 * 4,
-            max_pixels=128 * 128,
-            image_mean=[0.5] * 3,
-            image_std=[0.5] * 3,
-        )
-        template = QWEN3_VL_TEMPLATE
-    else:
-        text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]}
-        vision |= {"patch_size": 14, "window_size": 56, "fullatt_block_indexes": [1, 3]}
-        config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
-        model = Qwen2_5_VLForConditionalGeneration(config)
-        image_processor = Qwen2VLImageProcessorPil(
-            patch_size=14,
-            merge_size=2,
-            min_pixels=28 * 28 * 4,
-            max_pixels=140 * 140,
-            image_mean=list(OPENAI_CLIP_MEAN),
-            image_std=list(OPENAI_CLIP_STD),
-        )
-        template = QWEN2_VL_TEMPLATE
-    processor = VLProcessor(tokenizer, image_processor, template)
-    return ModelHandle.from_parts(OUT_NAMES[family], model.eval(), processor, FAMILIES[family])
-
-
-def encode_example(handle: ModelHandle, sample: Sample) -> dict[str, torch.Tensor]:
-    """Token ids, labels (answer only) and pixels of one training example, rendered as a Session renders it."""
-    session = sample_session(handle, sample)
-    prompt, order = session.render(sample.question)
-    answer = torch.tensor(handle.processor.encode_text(sample.answer + "<|im_end|>"), dtype=torch.long)
-    ids = torch.cat([prompt, answer])
-    labels = torch.cat([torch.full_like(prompt, -100), answer])
-    example = {"ids": ids, "labels": labels}
-    if order:  # text-only samples (the agentic task's text gate) have no pixels
-        images = handle.processor.preprocess_images([session.images[i].pixels for i in order])
-        example |= {"pixel_values": images.pixel_values, "grid": images.image_grid_thw}
-    return example
-
-
-def collate(handle: ModelHandle, batch: list[dict]) -> dict[str, torch.Tensor]:
-    """Right-padded batch inputs for the model's own forward (it computes M-RoPE positions itself)."""
-    length = max(int(b["ids"].shape[0]) for b in batch)
-    pad = handle.tokenizer.pad_token_id
-    ids = torch.full((len(batch), length), pad, dtype=torch.long)  # (B, L)
-    labels = torch.full((len(batch), length), -100, dtype=torch.long)  # (B, L)
-    mask = torch.zeros((len(batch), length), dtype=torch.long)  # (B, L)
-    for row, b in enumerate(batch):
-        n = int(b["ids"].shape[0])
-        ids[row, :n], labels[row, :n], mask[row, :n] = b["ids"], b["labels"], 1
-    inputs = {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "labels": labels,
-        "mm_token_type_ids": (ids == handle.processor.image_token_id).int(),
-    }
-    with_images = [b for b in batch if "grid" in b]
-    if with_images:
-        inputs["pixel_values"] = torch.cat([b["pixel_values"] for b in with_images])
-        inputs["image_grid_thw"] = torch.cat([b["grid"] for b in with_images])
-    return inputs
-
-
-@torch.no_grad()
-def heldout_accuracy(handle: ModelHandle, n: int, seed: int = 0) -> dict[str, float]:
-    """Accuracy per category under full recompute (``reuse="none"``), greedy answers."""
-    handle.model.eval()
-    out = {}
-    for category in TRAINING_CATEGORIES:
-        samples = make_samples(category, n, seed=seed, split="heldout")
-        correct = 0
-        for sample in samples:
-            answer = sample_session(handle, sample, reuse="none").ask(sample.question, max_new_tokens=8)
-            correct += normalise_answer(answer.text) == normalise_answer(sample.answer)
-        out[category] = correct / len(samples)
-    return out
-
-
-def _snapshot(
-    handle: ModelHandle, out: Path, step: int, losses: list[float], eval_n: int, seconds: float
-) -> dict[str, float]:
-    """Mid-run checkpoint with a quick held-out estimate, appended to ``out/progress.jsonl`` (to watch a long run
-    and keep something usable if it is stopped). Returns the estimate."""
-    handle.model.eval()
-    accuracy = heldout_accuracy(handle, eval_n)
-    handle.model.train()
-    snapshot = ModelHandle.from_parts(handle.name, handle.model, handle.processor, handle.family)
-    snapshot.save(out)
-    line = {
-        "step": step,
-        "seconds": round(seconds, 1),
-        "loss": sum(losses[-100:]) / len(losses[-100:]),
-        "heldout_quick": accuracy,
-    }
-    with open(out / "progress.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps(line) + "\n")
-    tqdm.write(json.dumps(line))
-    return accuracy
+# Share of each category in a suite batch: the agentic tasks are learnt fastest, so the rest get more of the data.
+MIX = {
+    "perception": 0.2, "reasoning": 0.2, "trajectory": 0.2, "multihop": 0.2, "agentic": 0.12, "agentic_text": 0.08,
+}  # fmt: skip
+WINDOWS = {3: 0.6, 2: 0.2, 4: 0.2}  # screenshots kept in a training episode's prompt (agents default to 3)
+SUITE_CHUNK = 4  # suite samples per forward call (sorted by length); episode steps run one per call
+EPISODE_SEED_BASE = 10_000_000  # training episodes use seeds from here on (the split keeps pictures apart)
 
 
 def schedule_progress(step: int, steps: int, elapsed_s: float, max_seconds: float | None) -> float:
@@ -229,165 +72,236 @@ def schedule_progress(step: int, steps: int, elapsed_s: float, max_seconds: floa
     return min(1.0, fraction)
 
 
+class _Batches:
+    """Endless training batches: suite samples by ``MIX`` and episode steps, deterministic per seed."""
+
+    def __init__(self, handle: ModelHandle, seed: int, offset: int) -> None:
+        self.handle, self.rng = handle, random.Random(seed)
+        self.streams = {c: iter_samples(c, seed + offset, "train") for c in TRAINING_CATEGORIES}
+        self.next_episode = EPISODE_SEED_BASE + 1000 * seed + 7919 * offset
+
+    def suite(self, size: int) -> list[dict]:
+        drawn = self.rng.choices(list(MIX), list(MIX.values()), k=size)
+        return [encode_sample(self.handle, next(self.streams[c])) for c in drawn]
+
+    def tools(self, size: int) -> list[dict]:
+        out = []
+        for _ in range(size):
+            episode = expert_episode(self.next_episode, "train")
+            self.next_episode += 1
+            k = self.rng.randrange(len(episode.steps))
+            window = self.rng.choices(list(WINDOWS), list(WINDOWS.values()))[0]
+            out.append(
+                encode_episode_step(self.handle, episode, k, self.rng.choice(("tool", "user")), window)
+            )
+        return out
+
+
+def _backward(handle: ModelHandle, batch: list[dict], chunk: int, device: str) -> float:
+    """Back-propagate the mean label-token cross-entropy of ``batch`` (gradients accumulate in the model) and
+    return it. The examples run in chunks of ``chunk`` of similar length (sorted), so little is padding; each
+    chunk's loss is weighted by its share of the label tokens."""
+    if not batch:
+        return 0.0
+    batch = sorted(batch, key=lambda b: int(b["ids"].shape[0]))
+    total = sum(int((b["labels"][1:] != -100).sum()) for b in batch)  # labels the model's shifted loss reads
+    mean = 0.0
+    for begin in range(0, len(batch), chunk):
+        part = batch[begin : begin + chunk]
+        share = sum(int((b["labels"][1:] != -100).sum()) for b in part) / total
+        inputs = {name: tensor.to(device) for name, tensor in collate(handle, part).items()}
+        loss = handle.model(**inputs).loss * share
+        handle.model.model.rope_deltas = None
+        loss.backward()
+        mean += loss.item()
+    return mean
+
+
+def _snapshot(
+    handle: ModelHandle, out: Path, line: dict, snapshot_n: int, episodes: list, save: bool
+) -> dict:
+    """Quick held-out estimates (and, with ``save``, a checkpoint in ``out/step-<N>``) appended to
+    ``out/progress.jsonl``; returns the line written."""
+    started = time.time()
+    line = line | {
+        "heldout_quick": vqa_accuracy(handle, snapshot_n),
+        "tools_quick": tool_accuracy(handle, episodes),
+    }
+    line["eval_seconds"] = round(time.time() - started, 1)
+    if save:
+        ModelHandle.from_parts(handle.name, handle.model, handle.processor, handle.family).save(
+            out / f"step-{line['step']:06d}"
+        )
+    with open(out / "progress.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
+    print(json.dumps(line), flush=True)
+    handle.model.train()
+    return line
+
+
 def train(
     family: str,
-    steps: int,
-    batch_size: int,
-    lr: float,
     out: Path,
-    eval_n: int,
-    seed: int,
-    init: Path | None = None,
-    checkpoint_every: int = 0,
     *,
-    device: str = "cpu",
+    init: Path | None = None,
+    steps: int = 100_000,
+    batch_size: int = 8,
+    tool_batch: int = 4,
+    lr: float = 1e-3,
+    seed: int = 0,
     max_minutes: float | None = None,
-    target: float | None = None,
+    checkpoint_every: int = 0,
+    checkpoint_minutes: float | None = None,
     snapshot_n: int = 30,
+    snapshot_episodes: int | None = None,
+    eval_n: int = 100,
+    target: float | None = None,
+    device: str = "cpu",
 ) -> dict:
-    """Train (from scratch, or on from the checkpoint ``init``), evaluate on the held-out split, save; returns
-    the report written next to the checkpoint.
+    """Train (from scratch, or on from the checkpoint ``init``) and save into ``out``; returns the report written
+    to ``out/training_report.json``.
 
-    Stops after ``steps`` steps, after ``max_minutes`` (the schedule is time-aware, see ``schedule_progress``),
-    or at the first snapshot (every ``checkpoint_every`` steps) whose quick estimate on ``snapshot_n`` held-out
-    samples per category reaches ``target`` in every category."""
+    Stops after ``steps`` steps or ``max_minutes`` of wall time (the schedule is time-aware, see
+    ``schedule_progress``). Snapshots (a checkpoint and quick estimates) at the start, every
+    ``checkpoint_every`` steps and every ``checkpoint_minutes`` of wall time, whichever comes first, and at the
+    end (on ``eval_n`` samples per category and ``eval_n // 4`` episodes; the checkpoint saved into ``out``
+    itself). ``target`` stops at the first snapshot whose every quick estimate reaches it; ``snapshot_episodes``
+    defaults to ``snapshot_n // 2``."""
+    out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    if init is None:
-        handle = build_model(family, seed)
-        model = handle.model.to(device)
-        handle = ModelHandle.from_parts(handle.name, model, handle.processor, handle.family)
-    else:
-        handle = mmkv.load(init, device=device)
-    model = handle.model.train()
-    params = sum(p.numel() for p in model.parameters())
+    handle = build_model(family, seed) if init is None else load_for_training(init, device)
+    if handle.family.name != family:
+        raise ValueError(f"--family {family} but {init} is a {handle.family.name} checkpoint")
+    model = handle.model.to(device)
+    previous = (
+        json.loads((init / "training_report.json").read_text())
+        if init is not None and (init / "training_report.json").is_file()
+        else {}
+    )
+    offset = previous.get("total_steps", 0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup = max(1, steps // 30)
-    max_seconds = None if max_minutes is None else 60.0 * max_minutes
-    clock = {"started": time.time()}
+    warmup, max_seconds = min(200, max(1, steps // 30)), None if max_minutes is None else 60.0 * max_minutes
+    started = time.time()
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda s: (
-            min(1.0, (s + 1) / warmup)
-            * 0.5
-            * (
-                1
-                + math.cos(math.pi * schedule_progress(s, steps, time.time() - clock["started"], max_seconds))
-            )
-        ),
-    )
-    previous = json.loads((init / "training_report.json").read_text()) if init is not None else {}
-    streams = {
-        c: iter_samples(c, seed + previous.get("total_steps", 0), "train") for c in TRAINING_CATEGORIES
-    }
-    categories, weights = zip(*MIX.items(), strict=True)
-    rng = random.Random(seed)
-    started, losses, stopped_by = time.time(), [], "steps"
-    clock["started"] = started
-    progress = tqdm(range(steps), desc=f"train {family}")
-    done = 0
-    for step in progress:
-        drawn = rng.choices(categories, weights, k=batch_size)
-        batch = [encode_example(handle, next(streams[c])) for c in drawn]
-        inputs = {name: tensor.to(device) for name, tensor in collate(handle, batch).items()}
-        loss = model(**inputs).loss
-        model.model.rope_deltas = None
+        lambda s: min(1.0, (s + 1) / warmup)
+        * 0.5 * (1 + math.cos(math.pi * schedule_progress(s, steps, time.time() - started, max_seconds))),
+    )  # fmt: skip
+    batches = _Batches(handle, seed, offset)
+    snapshot_episodes = max(1, snapshot_n // 2) if snapshot_episodes is None else snapshot_episodes
+    episodes = [expert_episode(i, "heldout") for i in range(snapshot_episodes)]
+    settings = {
+        "family": family, "init": None if init is None else str(init), "steps": steps, "batch_size": batch_size,
+        "tool_batch": tool_batch, "lr": lr, "warmup": warmup, "seed": seed, "max_minutes": max_minutes,
+        "checkpoint_every": checkpoint_every, "checkpoint_minutes": checkpoint_minutes, "mix": MIX,
+        "windows": WINDOWS, "snapshot_n": snapshot_n, "snapshot_episodes": snapshot_episodes, "eval_n": eval_n,
+        "target": target,
+        "torch_threads": torch.get_num_threads(), "image_bounds": handle.processor.pixel_bounds,
+    }  # fmt: skip
+    (out / "settings.json").write_text(json.dumps(settings, indent=1))
+    lines = [_snapshot(handle, out, {"step": 0, "seconds": 0.0}, snapshot_n, episodes, save=False)]
+    losses: dict[str, list[float]] = {"suite": [], "tool": []}
+    step_seconds: list[float] = []
+    last_snapshot, stopped_by, done = time.time(), "steps", 0
+    model.train()
+    for step in range(steps):
+        tick = time.time()
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        losses["suite"].append(_backward(handle, batches.suite(batch_size), SUITE_CHUNK, device))
+        losses["tool"].append(_backward(handle, batches.tools(tool_batch), 1, device))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        losses.append(loss.item())
-        if step % 25 == 0:
-            progress.set_postfix(loss=f"{sum(losses[-25:]) / len(losses[-25:]):.3f}")
+        step_seconds.append(time.time() - tick)
         done = step + 1
         elapsed = time.time() - started
         if max_seconds is not None and elapsed >= max_seconds:
             stopped_by = "time"
             break
-        if checkpoint_every and done % checkpoint_every == 0 and done < steps:
-            quick = _snapshot(handle, out, done, losses, snapshot_n, elapsed)
-            if target is not None and min(quick.values()) >= target:
+        due = (checkpoint_every and done % checkpoint_every == 0) or (
+            checkpoint_minutes and time.time() - last_snapshot >= 60 * checkpoint_minutes
+        )
+        if due and done < steps:
+            recent = {k: sum(v[-100:]) / len(v[-100:]) for k, v in losses.items()}
+            line = {"step": done, "seconds": round(elapsed, 1), "loss_suite": recent["suite"], "loss_tool": recent["tool"],
+                    "lr": schedule.get_last_lr()[0], "step_seconds": sum(step_seconds[-100:]) / len(step_seconds[-100:])}  # fmt: skip
+            lines.append(_snapshot(handle, out, line, snapshot_n, episodes, save=True))
+            last_snapshot = time.time()
+            quick = [*lines[-1]["heldout_quick"].values(), lines[-1]["tools_quick"]["step_accuracy"]]
+            if target is not None and min(quick) >= target:
                 stopped_by = "target"
                 break
     train_seconds = time.time() - started
-    model.eval()
-    accuracy = heldout_accuracy(handle, eval_n)
-    handle = ModelHandle.from_parts(
-        handle.name, model, handle.processor, handle.family
-    )  # fingerprint of the result
-    handle.save(out)
+    recent = {k: sum(v[-100:]) / max(1, len(v[-100:])) for k, v in losses.items()}
+    line = {"step": done, "seconds": round(train_seconds, 1), "loss_suite": recent["suite"], "loss_tool": recent["tool"],
+            "step_seconds": sum(step_seconds[-100:]) / max(1, len(step_seconds[-100:])), "final": True}  # fmt: skip
+    final_episodes = [expert_episode(i, "heldout") for i in range(max(1, eval_n // 4))]
+    lines.append(_snapshot(handle, out, line | {"eval_n": eval_n}, eval_n, final_episodes, save=False))
+    ModelHandle.from_parts(handle.name, model.eval(), handle.processor, handle.family).save(out)
     report = {
-        "family": family,
-        "params": params,
-        "steps": done,
+        **settings,
+        "params": sum(p.numel() for p in model.parameters()),
+        "steps_done": done,
         "stopped_by": stopped_by,  # "steps", "time" (max_minutes) or "target"
-        "batch_size": batch_size,
-        "lr": lr,
-        "seed": seed,
         "train_seconds": round(train_seconds, 1),
-        "final_loss": sum(losses[-50:]) / len(losses[-50:]),
-        "heldout_accuracy": accuracy,
-        "heldout_n_per_category": eval_n,
-        "weights_bytes": sum(f.stat().st_size for f in out.glob("*.safetensors")),
-        "total_steps": previous.get("total_steps", 0) + done,  # over every --init continuation
+        "median_step_seconds": sorted(step_seconds)[len(step_seconds) // 2] if step_seconds else None,
+        "final": lines[-1],
+        "total_steps": offset + done,  # over every --init continuation
         "total_train_seconds": round(previous.get("total_train_seconds", 0) + train_seconds, 1),
-        "history": [*previous.get("history", []), {"steps": done, "lr": lr, "heldout_accuracy": accuracy}],
+        "history": [
+            *previous.get("history", []),
+            {
+                "steps": done,
+                "lr": lr,
+                "suite": "extended (multihop, 256 px)",
+                "tools": True,
+                "final": lines[-1],
+            },
+        ],  # fmt: skip
     }
     (out / "training_report.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (parsed only under ``__main__``)."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--family", choices=sorted(OUT_NAMES), default="qwen3_vl")
+    parser.add_argument("--out", type=Path, required=True, help="run directory (never checkpoints/ itself)")
+    parser.add_argument("--init", type=Path, default=None, help="continue training this checkpoint directory")
+    parser.add_argument("--steps", type=int, default=100_000, help="step bound (the schedule's length)")
+    parser.add_argument("--batch-size", type=int, default=8, help="suite samples per step")
+    parser.add_argument("--tool-batch", type=int, default=4, help="desktop episode steps per step")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--max-minutes", type=float, default=None, help="stop (and decay the lr) by this time"
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=0, help="snapshot every N steps (0: by time only)"
+    )
+    parser.add_argument("--checkpoint-minutes", type=float, default=None, help="snapshot every M minutes")
+    parser.add_argument(
+        "--snapshot-n", type=int, default=30, help="held-out samples per category per snapshot"
+    )
+    parser.add_argument("--snapshot-episodes", type=int, default=None, help="held-out episodes per snapshot")
+    parser.add_argument(
+        "--eval-n", type=int, default=100, help="final held-out samples per category (n/4 episodes)"
+    )
+    parser.add_argument(
+        "--target", type=float, default=None, help="stop once every quick estimate reaches this"
+    )
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    return parser
 
 
 if __name__ == "__main__":
     from mmkv.cli import install_error_hook
 
     install_error_hook("training/train_small.py")
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--family", choices=sorted(OUT_NAMES), default="qwen3_vl")
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr", type=float, default=2e-3)
-    parser.add_argument(
-        "--eval-n", type=int, default=100, help="held-out samples per category for the report"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None, help="default: checkpoints/<small model name>")
-    parser.add_argument("--init", type=Path, default=None, help="continue training this checkpoint directory")
-    parser.add_argument(
-        "--checkpoint-every",
-        type=int,
-        default=0,
-        help="save and quick-evaluate every N steps (0: only at the end)",
-    )
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument(
-        "--max-minutes", type=float, default=None, help="stop (and decay the lr) by this time"
-    )
-    parser.add_argument("--target", type=float, default=None, help="stop once every category reaches this")
-    parser.add_argument(
-        "--snapshot-n", type=int, default=30, help="held-out samples per category per snapshot"
-    )
-    args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    out_dir = args.out or Path(__file__).resolve().parents[1] / "checkpoints" / OUT_NAMES[args.family]
-    print(
-        json.dumps(
-            train(
-                args.family,
-                args.steps,
-                args.batch_size,
-                args.lr,
-                out_dir,
-                args.eval_n,
-                args.seed,
-                args.init,
-                args.checkpoint_every,
-                device=args.device,
-                max_minutes=args.max_minutes,
-                target=args.target,
-                snapshot_n=args.snapshot_n,
-            ),
-            indent=1,
-        )
-    )
+    args = vars(build_parser().parse_args())
+    torch.set_num_threads(args.pop("threads"))
+    print(json.dumps(train(args.pop("family"), args.pop("out"), **args), indent=1))

@@ -1,4 +1,4 @@
-"""The synthetic task suite: deterministic, disjoint splits, answers that follow from the pictures."""
+"""The synthetic task suite: deterministic, split by picture content, answers that follow from the pictures."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import pytest
 from evals.tasks import (
     CATEGORIES,
     COLOURS,
+    TRAINING_CATEGORIES,
     agentic_answer,
     load_jsonl,
     make_samples,
     normalise_answer,
 )
+from mmkv.synthetic import FIELD_FILL, picture_digest, picture_split
 
 
 @pytest.mark.parametrize("category", CATEGORIES)
@@ -26,12 +28,37 @@ def test_generation_is_deterministic(category):
     assert {s.digest for s in first} != {s.digest for s in other}
 
 
-@pytest.mark.parametrize("category", CATEGORIES)
+@pytest.mark.parametrize("category", TRAINING_CATEGORIES)
 def test_splits_are_disjoint_across_seeds(category):
     """No held-out sample equals a training sample, whatever the seeds."""
     heldout = {s.digest for s in make_samples(category, 100, seed=0, split="heldout")}
     train = {s.digest for seed in (0, 1) for s in make_samples(category, 300, seed=seed, split="train")}
     assert len(heldout) == 100 and not heldout & train
+
+
+@pytest.mark.parametrize("category", CATEGORIES)
+def test_the_split_is_by_picture_content(category):
+    """Every picture of a held-out sample hashes to the held-out split, every training picture to the training
+    split: no held-out picture appears in any training sample, of any category or seed."""
+    heldout = {
+        picture_digest(i) for s in make_samples(category, 60, seed=3, split="heldout") for i in s.images
+    }
+    train = {
+        picture_digest(i)
+        for d in (0, 3)
+        for s in make_samples(category, 120, seed=d, split="train")
+        for i in s.images
+    }
+    assert {picture_split(d) for d in heldout} == {"heldout"} and {picture_split(d) for d in train} == {
+        "train"
+    }
+    assert not heldout & train
+
+
+def test_every_picture_is_256_px():
+    """256 x 256 px: 64 language-model tokens in both small checkpoints (tests/training checks the count)."""
+    for category in CATEGORIES:
+        assert {im.size for s in make_samples(category, 20) for im in s.images} == {(256, 256)}
 
 
 def test_every_category_has_several_answers_and_images():
@@ -42,6 +69,35 @@ def test_every_category_has_several_answers_and_images():
         assert max(answers.count(a) for a in set(answers)) / len(answers) < 0.6
         assert all(s.num_images >= 1 for s in samples)
     assert {s.num_images for s in make_samples("trajectory", 200)} == {2, 3, 4, 5, 6}
+    assert {s.num_images for s in make_samples("multihop", 200)} == {3, 4, 5}
+
+
+def _panel_state(image) -> tuple[bool, bool]:
+    """(badge red, field filled) read off a panel's pixels."""
+    pixels = np.asarray(image).reshape(-1, 3)
+    return bool((pixels == COLOURS["red"]).all(1).any()), bool((pixels == FIELD_FILL).all(1).any())
+
+
+def test_multihop_answers_bind_facts_from_several_screens():
+    """Each multihop answer follows from the panels' pixels, read screen by screen; every kind is asked, the
+    compared screens are never neighbours, and no single screen decides a count."""
+    kinds = set()
+    for sample in make_samples("multihop", 120):
+        states = [_panel_state(turn.images[0]) for turn in sample.turns]
+        assert [t.text for t in sample.turns] == [f"Screen {i + 1}." for i in range(len(states))]
+        q = sample.question
+        if q.startswith("Is the status badge on screen"):
+            i, j = (int(w) - 1 for w in q.replace("?", "").split() if w.isdigit())
+            assert j - i >= 2 and sample.answer == ("yes" if states[i][0] == states[j][0] else "no")
+            kinds.add("same")
+        elif q.startswith("How many screens"):
+            assert sample.answer == str(sum(filled for _, filled in states))
+            kinds.add("count")
+        else:
+            axis = 0 if "red status badge" in q else 1
+            assert sample.answer == str(1 + [s[axis] for s in states].index(True))
+            kinds.add("first red" if axis == 0 else "first filled")
+    assert kinds == {"same", "count", "first red", "first filled"}
 
 
 def test_perception_count_matches_the_pixels():

@@ -1,4 +1,4 @@
-"""The VQA eval: end to end on a few samples (every arm against none), aggregation and its bootstrap, a JSONL run."""
+"""The VQA eval: end to end on a few samples (every arm against none), aggregation and its intervals, a JSONL run."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from evals.report import bootstrap
 from evals.tasks import make_samples
 from evals.vqa import (
     ARM_NAMES,
     MIN_SHIFT,
     aggregate,
-    bootstrap,
     build_parser,
     run,
     score_sample,
@@ -76,6 +76,23 @@ def test_kv_at_the_same_positions_matches_none(results):
         assert record["prefilled_tokens"] < record["prompt_tokens"]
 
 
+def test_the_reused_fraction_is_the_spliced_share_of_the_prompt(results):
+    """Per category, ``reused`` is sum(reused) / sum(prompt tokens) of the cell: 0 under none and encoder (the
+    image is prefilled), a large share under kv (64-token pictures spliced, seam 1 recomputed)."""
+    res, _ = results
+    for category in CATEGORIES:
+        for arm in ("none", "encoder", "kv"):
+            rows = [r for r in _records(res, arm) if r["category"] == category]
+            expected = sum(r["reused_tokens"] for r in rows) / sum(r["prompt_tokens"] for r in rows)
+            assert res["aggregate"][arm][category]["reused_fraction"]["value"] == pytest.approx(expected)
+        assert res["aggregate"]["none"][category]["reused_fraction"]["value"] == 0.0
+        assert res["aggregate"]["encoder"][category]["reused_fraction"]["value"] == 0.0
+        assert (
+            res["aggregate"]["kv"][category]["reused_fraction"]["value"] > 0.2
+        )  # tiny tokenizer: long texts
+    assert "| reused |" in (results[1] / "results.md").read_text()
+
+
 def test_shifted_arms_move_every_image_at_least_100_positions(results):
     """Every shifted arm splices store hits cached >= 100 positions away, recorded per sample."""
     res, _ = results
@@ -136,6 +153,8 @@ def _synthetic(
             "none_ttft_s": none_ttft * (1 + 0.01 * (i % 3)),
             "min_abs_shift": 120 + i if arm == "kv" else None,
             "max_abs_shift": 150 if arm == "kv" else None,
+            "prompt_tokens": 100,
+            "reused_tokens": 75 if arm == "kv" else 0,
         }
         for i in range(n)
     ]
@@ -157,10 +176,14 @@ def test_aggregate_of_known_records():
     assert a["cosine"]["value"] == pytest.approx(0.9) and a["speedup"]["value"] == pytest.approx(4.0)
     assert b["speedup"]["value"] == pytest.approx(2.0) and table["none"]["a"]["min_abs_shift"] is None
     assert (a["min_abs_shift"], both["min_abs_shift"], both["max_abs_shift"]) == (120, 120, 150)
+    assert b["reused_fraction"]["value"] == 0.75 and table["none"]["all"]["reused_fraction"]["value"] == 0.0
     for cells in table.values():
         for cell in cells.values():
-            for key in ("accuracy", "agreement", "cosine", "ttft_s", "speedup"):
+            for key in ("accuracy", "agreement", "cosine", "ttft_s", "speedup", "reused_fraction"):
                 assert cell[key]["low"] <= cell[key]["value"] <= cell[key]["high"], (key, cell[key])
+    assert (
+        b["agreement"]["low"] == pytest.approx(0.8389, abs=1e-4) and b["agreement"]["high"] == 1.0
+    )  # Wilson 20/20
     assert aggregate(records) == table  # seeded
 
 

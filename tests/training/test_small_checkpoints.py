@@ -9,7 +9,8 @@ import torch
 import mmkv
 from evals.tasks import TRAINING_CATEGORIES, iter_samples, sample_session
 from mmkv.model.registry import SHIPPED, SHIPPED_DIR
-from training.train_small import build_model, collate, encode_example
+from training.data import collate, encode_sample
+from training.model import build_model
 
 
 def _round_trip(handle: mmkv.ModelHandle, tmp_path) -> None:
@@ -47,7 +48,7 @@ def test_a_training_step_lowers_the_loss_on_its_batch():
     answer-only loss."""
     handle = build_model("qwen3_vl")
     model = handle.model.train()
-    batch = [encode_example(handle, next(iter_samples(c, 5, "train"))) for c in TRAINING_CATEGORIES]
+    batch = [encode_sample(handle, next(iter_samples(c, 5, "train"))) for c in TRAINING_CATEGORIES]
     assert "pixel_values" not in batch[-1]  # agentic_text: the gate said in words
     inputs = collate(handle, batch)
     assert int(inputs["image_grid_thw"].shape[0]) == sum(int(b["grid"].shape[0]) for b in batch[:-1])

@@ -1,0 +1,63 @@
+"""The ``multihop`` category: questions whose answer binds facts from two or more screens shown apart.
+
+A conversation shows 3-5 UI panels (``mmkv.synthetic.render_panel``: a status badge, red or green, and a form
+field, filled or empty), each in a turn of its own ("Screen 1.", "Screen 2.", ...), then asks one of:
+
+- ``same_badge``: "Is the status badge on screen i the same colour as on screen j?" (j >= i + 2: never
+  neighbours; yes and no equally likely);
+- ``count_filled``: "How many screens showed a filled form field?" (0 to 5);
+- ``first_red`` / ``first_filled``: "Which screen first showed a red status badge / a filled form field?" (the
+  first index drawn uniformly, so every screen number is an answer; at least one screen qualifies).
+
+One image alone never answers: the model must hold what it read from each screen until the question (where
+position-independent reuse is hardest: Kamera, arXiv 2606.23581, finds blind reuse halves multi-hop accuracy).
+"""
+
+from __future__ import annotations
+
+import random
+
+from evals.pictures import panel_in_split
+from evals.sample import Generated, Turn
+from mmkv.synthetic import Split
+
+__all__ = ["KINDS", "multihop"]
+
+KINDS = ("same_badge", "count_filled", "first_red", "first_filled")
+
+
+def _states(rng: random.Random, num: int, kind: str) -> tuple[list[tuple[bool, bool]], str, str]:
+    """``(is_red, is_filled)`` per screen, the question and its answer."""
+    states = [(rng.random() < 0.5, rng.random() < 0.5) for _ in range(num)]
+    if kind == "same_badge":
+        i = rng.randrange(num - 2)
+        j = rng.randrange(i + 2, num)
+        same = rng.random() < 0.5
+        states[j] = (states[i][0] == same, states[j][1])
+        question = (
+            f"Is the status badge on screen {i + 1} the same colour as on screen {j + 1}? Answer yes or no."
+        )
+        return states, question, "yes" if same else "no"
+    if kind == "count_filled":
+        question = "How many screens showed a filled form field? Answer with a number."
+        return states, question, str(sum(filled for _, filled in states))
+    axis = 0 if kind == "first_red" else 1
+    first = rng.randrange(num)
+    for k in range(first):
+        states[k] = tuple(False if a == axis else v for a, v in enumerate(states[k]))
+    states[first] = tuple(True if a == axis else v for a, v in enumerate(states[first]))
+    what = "a red status badge" if axis == 0 else "a filled form field"
+    question = f"Which screen first showed {what}? Answer with a number."
+    return states, question, str(first + 1)
+
+
+def multihop(rng: random.Random, split: Split) -> Generated:
+    """One multihop sample: ``(system, turns, question, answer)`` with every panel drawn in ``split``."""
+    num = rng.randint(3, 5)
+    kind = rng.choice(KINDS)
+    states, question, answer = _states(rng, num, kind)
+    turns = [
+        Turn((panel_in_split("alert" if red else "ok", filled, rng, split),), f"Screen {i + 1}.")
+        for i, (red, filled) in enumerate(states)
+    ]
+    return "", turns, question, answer

@@ -1,0 +1,33 @@
+"""training/finalise.py: the best-scoring checkpoint of a run is shipped with the run's reports."""
+
+from __future__ import annotations
+
+import json
+
+from training import finalise
+
+
+def _line(step: int, vqa: float, tool: float, final: bool = False) -> dict:
+    line = {"step": step, "heldout_quick": {"a": vqa, "b": vqa}, "tools_quick": {"step_accuracy": tool}}
+    return line | ({"final": True} if final else {})
+
+
+def test_the_best_checkpoint_and_the_reports_are_copied(tmp_path, monkeypatch):
+    """Step 200 scores best (0.5*0.8 + 0.5*0.9); step 0 has no checkpoint; the final one scores less."""
+    run = tmp_path / "run"
+    for directory in (run / "step-000100", run / "step-000200", run):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "model.safetensors").write_text(directory.name)
+        (directory / "config.json").write_text("{}")
+    lines = [_line(0, 1.0, 1.0), _line(100, 0.5, 0.5), _line(200, 0.8, 0.9), _line(300, 0.9, 0.7, final=True)]
+    (run / "progress.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (run / "training_report.json").write_text(json.dumps({"steps_done": 300}))
+    monkeypatch.setattr(finalise, "ROOT", tmp_path)
+    assert finalise.finalise(run, "small-qwen3-vl", dry_run=True) == run / "step-000200"
+    assert not (tmp_path / "checkpoints").exists()
+    finalise.finalise(run, "small-qwen3-vl")
+    shipped = tmp_path / "checkpoints" / "small-qwen3-vl"
+    assert (shipped / "model.safetensors").read_text() == "step-000200"
+    report = json.loads((shipped / "training_report.json").read_text())
+    assert report["shipped_step"] == 200 and report["steps_done"] == 300
+    assert (shipped / "progress.jsonl").read_text() == (run / "progress.jsonl").read_text()

@@ -1,0 +1,76 @@
+"""Ship a training run: copy its best checkpoint into ``checkpoints/<name>/`` with the run's reports.
+
+The best checkpoint is the snapshot (``step-<N>/``) or the final checkpoint (the run directory itself) whose line
+in ``progress.jsonl`` scores highest: half the mean quick held-out VQA accuracy over the categories, half the
+per-step tool-call accuracy (ties: the later one). Copied: the checkpoint's files (weights, config, tokenizer,
+preprocessor config, chat template), the run's ``progress.jsonl`` and ``training_report.json`` (with
+``shipped_step`` added). Nothing is written with ``--dry-run``.
+
+    python training/finalise.py /work/runs/train-qwen3_vl small-qwen3-vl --dry-run
+    python training/finalise.py /work/runs/train-qwen3_vl small-qwen3-vl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+__all__ = ["best_snapshot", "finalise", "score"]
+
+ROOT = Path(__file__).resolve().parents[1]
+CHECKPOINT_FILES = (
+    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+    "preprocessor_config.json", "chat_template.jinja",
+)  # fmt: skip
+
+
+def score(line: dict) -> float:
+    """Half the mean quick VQA accuracy, half the per-step tool-call accuracy, of one progress line."""
+    vqa = line["heldout_quick"]
+    return 0.5 * sum(vqa.values()) / len(vqa) + 0.5 * line["tools_quick"]["step_accuracy"]
+
+
+def best_snapshot(run: Path) -> tuple[Path, dict]:
+    """The best checkpoint directory of ``run`` and its progress line. Raises ``ValueError`` if none."""
+    candidates = []
+    for line in (json.loads(t) for t in (run / "progress.jsonl").read_text().splitlines() if t.strip()):
+        directory = run if line.get("final") else run / f"step-{line['step']:06d}"
+        if (directory / "model.safetensors").is_file():
+            candidates.append((score(line), line["step"], directory, line))
+    if not candidates:
+        raise ValueError(f"{run} has no checkpoint with a progress line")
+    _, _, directory, line = max(candidates, key=lambda c: (c[0], c[1]))
+    return directory, line
+
+
+def finalise(run: Path, name: str, dry_run: bool = False) -> Path:
+    """Copy ``run``'s best checkpoint and reports into ``checkpoints/<name>``; returns the source directory."""
+    source, line = best_snapshot(run)
+    target = ROOT / "checkpoints" / name
+    print(f"best: {source} (step {line['step']}, score {score(line):.3f}) -> {target}")
+    if dry_run:
+        return source
+    target.mkdir(parents=True, exist_ok=True)
+    for file in CHECKPOINT_FILES:
+        if (source / file).is_file():
+            shutil.copy2(source / file, target / file)
+    shutil.copy2(run / "progress.jsonl", target / "progress.jsonl")
+    report = json.loads((run / "training_report.json").read_text())
+    report["shipped_step"] = line["step"]
+    report["shipped_quick"] = {"heldout_quick": line["heldout_quick"], "tools_quick": line["tools_quick"]}
+    (target / "training_report.json").write_text(json.dumps(report, indent=1))
+    return source
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("run", type=Path, help="the run directory (train_small.py --out)")
+    parser.add_argument("name", choices=["small-qwen3-vl", "small-qwen2.5-vl"])
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args()
+    sys.exit(0 if finalise(args.run, args.name, args.dry_run) else 1)
