@@ -323,8 +323,8 @@ def _local_file(url: str, policy: MediaPolicy) -> bytes:
         fd = open_file_beneath(root, names)
     except ConfinementError as exc:
         raise MediaError(
-            f"the image file {url[:120]!r} is refused: {exc.strerror} (below --allowed-local-media-path only "
-            "regular files are read, and symbolic links are never followed)"
+            f"the image file {url[:120]!r} is refused: {exc.strerror}; below --allowed-local-media-path no "
+            "symbolic link is followed (so nothing outside it is read) and only regular files are read"
         ) from None
     except (FileNotFoundError, NotADirectoryError):
         raise MediaError(f"no image file at {url[:120]!r}") from None
