@@ -105,6 +105,11 @@ def _damage_each_way(client):
         "manifest of another fingerprint": other_fingerprint,
         "garbage manifest": lambda: client.set(manifest_key, b"\x00not json"),
         "checksum that lies": lying_checksum,
+        "manifest key is a list": lambda: client.unlink(manifest_key) and client.rpush(manifest_key, b"x"),
+        "chunk key is a hash": lambda: client.unlink(chunk) and client.hset(chunk, mapping={"a": "b"}),
+        "manifest listing 200k chunks": lambda: client.set(
+            manifest_key, json.dumps(dict(manifest, chunks=[manifest["chunks"][0]] * 200_000))
+        ),
     }
 
 
@@ -117,6 +122,9 @@ def _damage_each_way(client):
         "manifest of another fingerprint",
         "garbage manifest",
         "checksum that lies",
+        "manifest key is a list",
+        "chunk key is a hash",
+        "manifest listing 200k chunks",
     ],  # fmt: skip
 )
 def test_every_damaged_record_is_a_miss_and_is_removed(tiny, redis_server, damage):
@@ -135,6 +143,7 @@ def test_every_damaged_record_is_a_miss_and_is_removed(tiny, redis_server, damag
     logits = session.next_token_logits("What is it?")
     assert session.last_prefill.images[0].source == "computed"
     assert store.stats().redis.corrupt == 1 or damage == "manifest of another fingerprint"
+    assert store.stats().redis.read_errors == 0 and store._tiers[0][1].available  # never a fault of the tier
     assert (logits - session.fork(reuse="none").next_token_logits("What is it?")).abs().max() <= 1e-4
     if damage != "manifest of another fingerprint":
         assert (
