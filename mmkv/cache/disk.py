@@ -32,6 +32,7 @@ import re
 import shutil
 import sqlite3
 import stat
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,7 +53,7 @@ from ..confined import (
 from ..errors import StoreUnavailableError
 from .codec import CorruptEntryError
 
-__all__ = ["DEFAULT_DISK_MAX_BYTES", "ORPHAN_AGE_S", "DiskTier"]
+__all__ = ["DEFAULT_DISK_MAX_BYTES", "ORPHAN_AGE_S", "DiskTier", "check_store_directory"]
 
 logger = logging.getLogger("mmkv.cache")
 
@@ -176,6 +177,19 @@ def _open_error(path: Path, exc: BaseException) -> StoreUnavailableError:
             "(path=None)"
         )
     return StoreUnavailableError(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def check_store_directory(path: Path) -> None:
+    """Create the store directory ``path`` if needed (as opening a store would) and check that a file can be
+    written there (a probe file, removed at once). Raises ``StoreUnavailableError`` saying what is wrong (a
+    file in the way, no permission, read-only, full); changes nothing else. For checks before a model loads."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".mmkv-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise _open_error(path, exc) from None
 
 
 class DiskTier:
