@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
 
 
-def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:  # a hang guard only
     return subprocess.run(
         [sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout
     )

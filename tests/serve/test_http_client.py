@@ -6,11 +6,13 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import httpcore
 import httpx
 import pytest
 
+from mmkv.serve import http_client
 from mmkv.serve.http_client import DeadlineTransport, _DeadlineStream
 
 
@@ -121,15 +123,19 @@ class _Recorder(httpcore.NetworkStream):
         self.timeouts.append(timeout)
 
 
-def test_each_operation_gets_at_most_what_is_left():
-    """Reads and writes get min(their timeout, time left); past the deadline nothing reaches the socket."""
+def test_each_operation_gets_at_most_what_is_left(monkeypatch):
+    """Reads and writes get min(their timeout, time left) on a fake clock; past the deadline nothing reaches
+    the socket."""
+    now = [1000.0]
+    monkeypatch.setattr(http_client, "time", SimpleNamespace(monotonic=lambda: now[0], sleep=time.sleep))
     inner = _Recorder()
-    stream = _DeadlineStream(inner, time.monotonic() + 5)
+    stream = _DeadlineStream(inner, 1005.0)
     stream.read(10, timeout=60)
+    now[0] = 1002.0
     stream.write(b"x", timeout=None)
     stream.read(10, timeout=0.5)
-    assert 0 < inner.timeouts[0] <= 5 and 0 < inner.timeouts[1] <= 5 and inner.timeouts[2] == 0.5
-    late = _DeadlineStream(inner, time.monotonic() - 1)
+    assert inner.timeouts == [5.0, 3.0, 0.5]
+    late = _DeadlineStream(inner, 999.0)
     with pytest.raises(httpcore.ReadTimeout):
         late.read(10, timeout=60)
     with pytest.raises(httpcore.WriteTimeout):

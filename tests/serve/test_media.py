@@ -212,7 +212,7 @@ def test_a_stalled_host_releases_the_caller_at_its_deadline(hosts):
 
     def stalled(request):
         entered.append(threading.current_thread().name)
-        release.wait(60)
+        release.wait(600)  # a hang guard only
         return httpx.Response(200, content=PNG)
 
     policy = _policy(stalled, timeout_s=60)
@@ -239,8 +239,8 @@ def test_fetches_run_on_their_own_bounded_pool(hosts, tmp_path):
     def stalled(request):
         entered.append(threading.current_thread().name)
         if len(entered) <= 2:
-            both_in.wait(60)
-        release.wait(60)
+            both_in.wait(600)  # hang guards only
+        release.wait(600)
         return httpx.Response(200, content=PNG)
 
     (tmp_path / "a.png").write_bytes(PNG)
@@ -252,7 +252,7 @@ def test_fetches_run_on_their_own_bounded_pool(hosts, tmp_path):
     try:
         for caller in callers:
             caller.start()
-        both_in.wait(60)  # both pool threads are held by the slow host
+        both_in.wait(600)  # both pool threads are held by the slow host
         data = "data:image/png;base64," + base64.b64encode(PNG).decode()
         assert read_image_url(data, policy) == PNG
         assert read_image_url(f"file://{tmp_path / 'a.png'}", policy) == PNG
@@ -262,7 +262,7 @@ def test_fetches_run_on_their_own_bounded_pool(hosts, tmp_path):
     finally:
         release.set()
         for caller in callers:
-            caller.join(60)
+            caller.join(600)
         policy.close()
     assert results == [PNG, PNG] and len(entered) == 2  # the third never started
     assert all(name.startswith("mmkv-media") for name in entered)
