@@ -9,7 +9,8 @@ diskcache keeps an SQLite index (``cache.db``) and, for values over 32 KiB, one 
   (``xx/yy/<28 hex>.val``), and is opened, written and unlinked component by component below the directory's
   descriptor without following a link (``mmkv.confined``): a row naming anything else, or a folder or file on
   the way that is a symbolic link (planted, or swapped in between a check and the open), is a corrupt entry,
-  dropped from the index only; no file outside the directory is ever read, written or deleted;
+  dropped from the index only; no file outside the directory is ever read, written or deleted; an index file
+  (``cache.db`` and its ``-wal`` / ``-shm``) that is a link is refused at open (SQLite opens files by name);
 - **faults contained**: opening either works or raises ``StoreUnavailableError`` saying what is wrong (a file
   where the directory should be, no permission, a corrupt index, a full disk). Once open, no storage fault
   raises: a failed read is a miss counted in ``read_errors``, a failed write is counted in ``write_errors``
@@ -17,21 +18,17 @@ diskcache keeps an SQLite index (``cache.db``) and, for values over 32 KiB, one 
   write and the tier stops writing (``lost``);
 - **bounded**: the size bound defaults to the smaller of 16 GiB and 90% of what the disk can give it;
 - **swept**: value files no index row names (a writer killed mid-write) older than ``ORPHAN_AGE_S`` are removed
-  when a tier opens the directory; the sweep walks real folders only (``scandir`` without following links,
-  each folder opened with ``O_NOFOLLOW`` and checked to be the one listed) and unlinks by name inside the
-  folder it opened, so a link planted or swapped in leads nowhere outside.
+  when a tier opens the directory, without following any link (``mmkv.cache.sweep``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
 import re
 import shutil
 import sqlite3
-import stat
 import tempfile
 import time
 from collections.abc import Callable
@@ -44,14 +41,13 @@ from diskcache.core import MODE_BINARY, MODE_RAW
 from ..confined import (
     ConfinementError,
     create_file_beneath,
-    open_dir_beneath,
     open_file_beneath,
     open_root,
-    same_object,
     unlink_beneath,
 )
 from ..errors import StoreUnavailableError
 from .codec import CorruptEntryError
+from .sweep import ORPHAN_AGE_S, sweep_orphans
 
 __all__ = ["DEFAULT_DISK_MAX_BYTES", "ORPHAN_AGE_S", "DiskTier", "check_store_directory"]
 
@@ -59,10 +55,7 @@ logger = logging.getLogger("mmkv.cache")
 
 T = TypeVar("T")
 DEFAULT_DISK_MAX_BYTES = 16 << 30  # upper end of the default bound (also capped by the free space)
-ORPHAN_AGE_S = 600.0  # a value file no row names, untouched this long, is a dead writer's leftover
 _VALUE_NAME = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{28}\.val")  # diskcache's own file names
-_FOLDER_NAME = re.compile(r"[0-9a-f]{2}")  # each of the two folder levels
-_FILE_NAME = re.compile(r"[0-9a-f]{28}\.val")  # a value file in its folder
 _FAULTS = (OSError, sqlite3.Error, diskcache.Timeout)  # what storage can throw at us once open
 
 
@@ -132,16 +125,14 @@ class _BytesOnlyDisk(diskcache.Disk):
             return
         try:
             root = open_root(self._directory)
-        except OSError:
-            return
-        try:
-            unlink_beneath(root, file_path.split("/"), prune=True)
+            try:
+                unlink_beneath(root, file_path.split("/"), prune=True)
+            finally:
+                os.close(root)
         except ConfinementError as exc:
             logger.warning("mmkv cache: not removing %r from %s: %s", file_path, self._directory, exc)
         except OSError:
-            pass  # another process removed it first (diskcache suppresses these too)
-        finally:
-            os.close(root)
+            pass  # gone already, or removed by another process first (diskcache suppresses these too)
 
 
 def _open_error(path: Path, exc: BaseException) -> StoreUnavailableError:
@@ -207,6 +198,16 @@ class DiskTier:
         self.path = Path(path)  # the diskcache directory
         try:
             self.path.mkdir(parents=True, exist_ok=True)
+            for name in (
+                diskcache.core.DBNAME,
+                diskcache.core.DBNAME + "-wal",
+                diskcache.core.DBNAME + "-shm",
+            ):
+                if (self.path / name).is_symlink():  # SQLite would open (and write) whatever it points to
+                    raise StoreUnavailableError(
+                        f"cannot open the store directory {str(self.path)!r}: its index file {name} is a symbolic "
+                        "link; an index must be a plain file inside the store (remove the link)"
+                    )
             limit = DEFAULT_DISK_MAX_BYTES if max_bytes is None else max_bytes
             self._cache = diskcache.Cache(
                 str(self.path),
@@ -220,6 +221,8 @@ class DiskTier:
                 usable = shutil.disk_usage(self.path).free + int(self._cache.volume())
                 limit = min(DEFAULT_DISK_MAX_BYTES, int(0.9 * usable))
                 self._cache.reset("size_limit", limit)
+        except StoreUnavailableError:
+            raise
         except (*_FAULTS, ValueError) as exc:
             raise _open_error(self.path, exc) from exc
         self.max_bytes = limit  # diskcache size_limit
@@ -227,9 +230,7 @@ class DiskTier:
         self.misses = 0  # get() calls that found nothing
         self.corrupt = 0  # entries that failed to decode (or named a file outside) and were dropped
         self.read_errors = 0  # reads that failed with a storage fault (counted as misses by the caller)
-        self.write_errors = (
-            0  # writes that failed with a storage fault, or were refused because the tier is lost
-        )
+        self.write_errors = 0  # writes that failed with a storage fault, or refused because the tier is lost
         self.lost = False  # the directory was deleted or replaced under us: no more writes
         self.orphans_removed = self._sweep_orphans()
 
@@ -346,7 +347,7 @@ class DiskTier:
             }
             root = open_root(self.path)
             try:
-                removed = _sweep(root, named, time.time())
+                removed = sweep_orphans(root, named, time.time())
             finally:
                 os.close(root)
             if removed:
@@ -355,47 +356,3 @@ class DiskTier:
         except _FAULTS as exc:
             logger.warning("mmkv cache: could not sweep %s for orphaned files: %s", self.path, exc)
             return 0
-
-
-def _subfolders(dir_fd: int) -> list[tuple[str, int]]:
-    """``(name, descriptor)`` of each real two-hex-digit folder in ``dir_fd``: listed without following links,
-    opened with ``O_NOFOLLOW`` and kept only when the opened folder is the one listed (a folder swapped for a
-    link or for another folder in between is skipped). The caller closes the descriptors."""
-    with os.scandir(dir_fd) as listing:
-        entries = [e for e in listing if _FOLDER_NAME.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
-    opened = []
-    for entry in entries:
-        try:
-            fd = open_dir_beneath(dir_fd, [entry.name])
-        except OSError:  # ConfinementError included: it became a link
-            continue
-        if same_object(os.fstat(fd), entry.stat(follow_symlinks=False)):
-            opened.append((entry.name, fd))
-        else:
-            os.close(fd)
-    return opened
-
-
-def _sweep(root: int, named: set[str], now: float) -> int:
-    """Unlink the regular files ``xx/yy/<28 hex>.val`` below ``root`` that ``named`` lacks and that are older
-    than ``ORPHAN_AGE_S``; returns how many."""
-    removed = 0
-    for first, first_fd in _subfolders(root):
-        try:
-            for second, second_fd in _subfolders(first_fd):
-                try:
-                    with os.scandir(second_fd) as listing:
-                        files = [e for e in listing if _FILE_NAME.fullmatch(e.name)]
-                    for entry in files:
-                        info = entry.stat(follow_symlinks=False)
-                        if f"{first}/{second}/{entry.name}" in named or not stat.S_ISREG(info.st_mode):
-                            continue
-                        if now - info.st_mtime >= ORPHAN_AGE_S:
-                            with contextlib.suppress(FileNotFoundError):
-                                os.unlink(entry.name, dir_fd=second_fd)  # this folder's name, never a target
-                                removed += 1
-                finally:
-                    os.close(second_fd)
-        finally:
-            os.close(first_fd)
-    return removed

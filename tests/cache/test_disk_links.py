@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from mmkv import confined
-from mmkv.cache import disk
+from mmkv.cache import disk, sweep
 from mmkv.cache.disk import ORPHAN_AGE_S, DiskTier
+from mmkv.errors import StoreUnavailableError
 from tests.cache.test_faults import BIG, _point_row_at, _rows
 
 NAME = "0" * 28 + ".val"  # a value file's name
@@ -72,7 +73,7 @@ def test_a_folder_swapped_for_a_link_between_listing_and_opening_is_skipped(plac
     """``aa/bb`` is a real folder when listed and a link to the decoys when the sweep opens it: skipped, the
     decoys untouched."""
     store, outside = places
-    real_open = disk.open_dir_beneath
+    real_open = sweep.open_dir_beneath
 
     def racing_open(dir_fd, parts, create=False):
         if parts == ["bb"] and not (store / "aa" / "bb.real").exists():
@@ -80,7 +81,7 @@ def test_a_folder_swapped_for_a_link_between_listing_and_opening_is_skipped(plac
             (store / "aa" / "bb").symlink_to(outside)
         return real_open(dir_fd, parts, create)
 
-    monkeypatch.setattr(disk, "open_dir_beneath", racing_open)
+    monkeypatch.setattr(sweep, "open_dir_beneath", racing_open)
     before = _snapshot(outside)
     assert DiskTier(store).orphans_removed == 0
     assert _snapshot(outside) == before and (store / "aa" / "bb.real" / ("1" * 28 + ".val")).exists()
@@ -90,7 +91,7 @@ def test_a_folder_swapped_after_it_was_opened_is_swept_where_it_was_opened(place
     """``aa/bb`` becomes a link to the decoys after the sweep opened it: the unlink acts on the opened folder
     (its orphan goes), never on the decoys the link now names."""
     store, outside = places
-    real_subfolders = disk._subfolders
+    real_subfolders = sweep._subfolders
 
     def racing_subfolders(dir_fd):
         opened = real_subfolders(dir_fd)
@@ -99,7 +100,7 @@ def test_a_folder_swapped_after_it_was_opened_is_swept_where_it_was_opened(place
             (store / "aa" / "bb").symlink_to(outside)
         return opened
 
-    monkeypatch.setattr(disk, "_subfolders", racing_subfolders)
+    monkeypatch.setattr(sweep, "_subfolders", racing_subfolders)
     (outside / ("1" * 28 + ".val")).write_bytes(DECOY)  # a decoy under the orphan's own name
     _age(outside / ("1" * 28 + ".val"))
     before = _snapshot(outside)
@@ -176,3 +177,18 @@ def test_a_write_never_lands_through_a_planted_folder_link(places, monkeypatch):
     monkeypatch.setattr(disk._BytesOnlyDisk, "filename", real_filename)
     assert tier.put("k", b"v" * BIG) and tier.get("k") == b"v" * BIG
     assert all(not name.startswith("hh/") for _, name in _rows(store) if name)
+
+
+@pytest.mark.parametrize("name", ["cache.db", "cache.db-wal", "cache.db-shm"])
+def test_an_index_file_that_is_a_link_is_refused_at_open(tmp_path, name):
+    """The SQLite index (or its WAL / shared-memory file) planted as a link to a decoy: opening the store raises
+    StoreUnavailableError naming it, and SQLite never opens (or writes) the decoy."""
+    store, decoy = tmp_path / "store", tmp_path / "decoy"
+    DiskTier(store).close()
+    decoy.write_bytes(DECOY)
+    (store / name).unlink(missing_ok=True)
+    (store / name).symlink_to(decoy)
+    before = decoy.stat().st_mtime_ns
+    with pytest.raises(StoreUnavailableError, match=f"its index file {name} is a symbolic link"):
+        DiskTier(store)
+    assert decoy.read_bytes() == DECOY and decoy.stat().st_mtime_ns == before
