@@ -6,24 +6,30 @@
     mmkv info
 
 An ``mmkv.MmkvError`` (a missing checkpoint, a store that cannot open, ...) ends the command with its one-line
-message on stderr and exit status 2.
+message on stderr and exit status 2. ``serve`` checks what it can before the model loads, each a one-line exit 2:
+the flags (a port outside 1-65535, a bound out of range, a value that is not a number), whether it can listen on
+``--host:--port`` (a port in use, an address not of this machine), a ``--model`` path that does not exist, and
+whether every ``--store`` directory can be written.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import runpy
+import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import MmkvError
 
-__all__ = ["HelpFormatter", "install_error_hook", "main", "one_line_errors"]
+__all__ = ["HelpFormatter", "OneLineParser", "install_error_hook", "main", "one_line_errors"]
 
 REPO = Path(__file__).resolve().parents[1]  # app/ and evals/ live beside the package in a checkout
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # --store URLs (the rest are directories)
 
 
 @contextlib.contextmanager
@@ -63,6 +69,74 @@ def install_error_hook(prog: str) -> None:
     sys.excepthook = hook
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are one line on stderr (``mmkv: serve: argument --port: ...``) and exit
+    status 2, like every other mmkv error, instead of the usage block."""
+
+    def error(self, message: str):
+        command = self.prog.removeprefix("mmkv").strip()
+        print(f"mmkv: {command + ': ' if command else ''}{message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _port(text: str) -> int:
+    """argparse type of ``--port``: an integer 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a port number (1-65535)")
+    return port
+
+
+def _can_listen(host: str, port: int) -> None:
+    """Bind ``host:port`` the way uvicorn will (SO_REUSEADDR) and let go at once; ``MmkvError`` with the reason
+    when that fails (a port in use, an address that is not this machine's, a privileged port, no such host)."""
+    where = f"cannot listen on {host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        raise MmkvError(
+            f"{where}: --host {host!r} does not resolve ({exc}); pass an address of this machine"
+        ) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            reasons = {
+                errno.EADDRINUSE: "the port is already in use; stop what holds it or choose another --port",
+                errno.EADDRNOTAVAIL: f"{host} is not an address of this machine; choose another --host",
+                errno.EACCES: "no permission (ports below 1024 need privileges); choose another --port",
+            }
+            raise MmkvError(f"{where}: {reasons.get(exc.errno, exc.strerror)}") from None
+
+
+def _is_path(model: str) -> bool:
+    """Whether ``--model`` names a directory rather than a known name or a hub id (``org/name``)."""
+    return os.path.isabs(model) or model.startswith((".", "~")) or model.count("/") > 1
+
+
+def _preflight(args) -> None:
+    """What ``serve`` can check before loading the model (see the module docstring). Raises ``MmkvError``;
+    creates the store directories (as the store would), nothing else."""
+    from .cache.disk import check_store_directory
+
+    _can_listen(args.host, args.port)
+    model = Path(args.model).expanduser()
+    if _is_path(args.model) and not model.is_dir():
+        what = "is a file, not a checkpoint directory" if model.exists() else "does not exist"
+        raise MmkvError(
+            f"--model {args.model}: the directory {str(model)!r} {what}; pass a checkpoint directory, a name "
+            "from `mmkv info`, or a Hugging Face id"
+        )
+    for entry in args.store:
+        if not entry.startswith(_REDIS_SCHEMES):  # Redis may come up later: not required now
+            check_store_directory(Path(entry).expanduser())
+
+
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible server that reuses image KV across requests",
                        formatter_class=HelpFormatter)  # fmt: skip
@@ -71,7 +145,7 @@ def _serve_parser(sub) -> None:
     )
     p.add_argument("--served-model-name", nargs="*", default=[], help="more names requests may use")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on")
+    p.add_argument("--port", type=_port, default=8000, help="port to listen on (1-65535)")
     p.add_argument(
         "--store", action="append", default=[], help="a store directory (or redis:// URL); repeat for tiers"
     )
@@ -99,8 +173,8 @@ def _serve(args) -> None:
     from .runtime import TurnPolicy
     from .serve import ServerConfig, serve
 
-    serve(
-        ServerConfig(
+    try:
+        config = ServerConfig(
             model=args.model,
             served_names=tuple(args.served_model_name),
             host=args.host,
@@ -117,8 +191,11 @@ def _serve(args) -> None:
             request_timeout_s=args.request_timeout,
             max_tokens=args.max_tokens,
             device=args.device,
-        )  # fmt: skip
-    )
+        )
+    except ValueError as exc:  # a bound out of range: say which, before anything loads
+        raise MmkvError(f"serve: {exc}") from None
+    _preflight(args)
+    serve(config)
 
 
 def _script(relative: str, argv: list[str]) -> None:
@@ -157,7 +234,7 @@ def _info(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the subcommand; returns the exit status."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="mmkv", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,demo,eval,info}")

@@ -1,7 +1,9 @@
 """Turning what users hand us (a PIL image, a path, bytes) into a plain RGB image, or a clear error.
 
 ``load_image`` checks the declared size against a pixel bound *before* decoding (a decompression bomb is
-refused without allocating it) and the aspect ratio against what Qwen-VL processors take (at most 200:1),
+refused without allocating it; one over Pillow's own limit, ``PIL.Image.MAX_IMAGE_PIXELS``, gets the same
+``ImageTooLargeError`` and message as one between our bound and Pillow's: Pillow's soft-limit warning is not
+used, its hard limit, twice that, is reported in our words) and the aspect ratio against what Qwen-VL processors take (at most 200:1),
 decodes fully (a truncated file fails here, not later: for PNG, also one whose data holds fewer rows than its
 header declares), applies the EXIF orientation, and normalises the mode: transparency is composited over white
 (as Qwen-VL's own tooling does), palette, grayscale, CMYK and 1-bit images become RGB, 16-bit and 32-bit integer
@@ -45,7 +47,31 @@ _ADAM7 = ((0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), 
 ImageSource = Image.Image | str | os.PathLike | bytes | bytearray | memoryview
 
 
-def _open(source: ImageSource) -> Image.Image:
+def _too_large(size: tuple[int, int] | None, pixels: int | None, max_pixels: int) -> ImageTooLargeError:
+    """The one ``ImageTooLargeError`` message, whichever check (ours or Pillow's hard limit) caught it."""
+    hard = 2 * (Image.MAX_IMAGE_PIXELS or 0)  # Pillow refuses to open more than this
+    if size is not None:
+        what = f"{size[0]}x{size[1]} = {size[0] * size[1]:,} pixels"
+    else:
+        what = f"{pixels:,} pixels" if pixels is not None else f"over {hard:,} pixels"
+    if size is None and max_pixels > hard:  # a bound raised past Pillow's: Pillow's is the one that held
+        return ImageTooLargeError(
+            f"the image is {what}, over the bound of {hard:,} that Pillow opens (2 x PIL.Image.MAX_IMAGE_PIXELS); "
+            "raise PIL.Image.MAX_IMAGE_PIXELS along with max_pixels, or downscale it"
+        )
+    return ImageTooLargeError(
+        f"the image is {what}, over the bound of {max_pixels:,}; downscale it or raise max_pixels"
+    )
+
+
+def _declared_pixels(exc: BaseException) -> int | None:
+    """The pixel count a ``DecompressionBombError`` names ("Image size (N pixels) exceeds ..."), if it does."""
+    found = re.search(r"\((\d+) pixels\)", str(exc))
+    return int(found.group(1)) if found else None
+
+
+def _open(source: ImageSource, max_pixels: int) -> Image.Image:
+    """Pillow's lazy image of ``source`` (header read, nothing decoded). Raises the ``ImageError`` of a bad input."""
     if isinstance(source, Image.Image):
         return source
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -68,15 +94,22 @@ def _open(source: ImageSource) -> Image.Image:
             f"an image must be a PIL.Image.Image, a path or bytes; got {type(source).__name__}"
         )
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
+        with warnings.catch_warnings():  # our bound decides (from the header); Pillow's soft warning is noise
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             return Image.open(stream)
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageTooLargeError(f"{label}: {exc}") from exc
-    except Image.UnidentifiedImageError as exc:
-        raise UnreadableImageError(f"{label} is not a readable image (not a format Pillow decodes)") from exc
-    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError...
-        raise UnreadableImageError(f"{label} is not a readable image ({type(exc).__name__}: {exc})") from exc
+    except BaseException as exc:
+        stream.close()
+        if isinstance(exc, Image.DecompressionBombError):  # Pillow's hard limit, from the header: our words
+            raise _too_large(None, _declared_pixels(exc), max_pixels) from None
+        if isinstance(exc, Image.UnidentifiedImageError):
+            raise UnreadableImageError(
+                f"{label} is not a readable image (not a format Pillow decodes)"
+            ) from exc
+        if isinstance(exc, Exception):  # PIL raises OSError, SyntaxError, ValueError...
+            raise UnreadableImageError(
+                f"{label} is not a readable image ({type(exc).__name__}: {exc})"
+            ) from exc
+        raise
 
 
 def _to_rgb(image: Image.Image) -> Image.Image:
@@ -106,15 +139,12 @@ def load_image(source: ImageSource, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
     undecodable or truncated data, ``ImageTooLargeError`` over ``max_pixels``, ``EmptyImageError`` for a zero
     width or height (all ``ValueError``).
     """
-    image = _open(source)
+    image = _open(source, max_pixels)
     width, height = image.size
     if width == 0 or height == 0:
         raise EmptyImageError(f"the image is {width}x{height}; it has no pixels")
     if width * height > max_pixels:
-        raise ImageTooLargeError(
-            f"the image is {width}x{height} = {width * height:,} pixels, over the bound of {max_pixels:,}; "
-            f"downscale it or raise max_pixels"
-        )
+        raise _too_large((width, height), None, max_pixels)
     if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
         raise ImageShapeError(
             f"the image is {width}x{height}, an aspect ratio over {MAX_ASPECT_RATIO}:1, which Qwen-VL processors "
@@ -124,12 +154,18 @@ def load_image(source: ImageSource, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
         _check_png_rows(source, width, height)
     frame = image.tell() if getattr(image, "n_frames", 1) > 1 else 0  # a caller's image: put its frame back
     try:
-        if frame:
-            image.seek(0)  # the first frame of an animated image
-        image.load()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            if frame:
+                image.seek(0)  # the first frame of an animated image
+            image.load()
+        if image.size[0] * image.size[1] > max_pixels:  # a frame that grew the canvas while decoding
+            raise _too_large(image.size, None, max_pixels)
         return _to_rgb(ImageOps.exif_transpose(image))
     except (ImageTooLargeError, EmptyImageError, UnreadableImageError):
         raise
+    except Image.DecompressionBombError as exc:  # a later GIF / APNG frame over Pillow's hard limit
+        raise _too_large(None, _declared_pixels(exc), max_pixels) from None
     except Exception as exc:
         raise UnreadableImageError(f"the image could not be decoded ({type(exc).__name__}: {exc})") from exc
     finally:

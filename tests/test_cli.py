@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from mmkv.serve.process import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
 
 
-def _run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def _run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess:  # a hang guard only
     return subprocess.run(
         [sys.executable, *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout
     )
@@ -70,7 +72,7 @@ def test_info_says_version_models_and_stores():
 )
 def test_a_missing_checkpoint_or_store_is_one_line_and_exit_2(args, prog):
     """No traceback: one line naming the problem and what to run (hf download, --model DIR), exit status 2."""
-    done = _run(*args)
+    done = _run(*args, *(["--port", str(free_port())] if args[1:3] == ["mmkv", "serve"] else []))
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr[-1500:]
     assert len(lines) == 1 and lines[0].startswith(f"{prog}: ") and "Traceback" not in done.stderr
@@ -78,3 +80,113 @@ def test_a_missing_checkpoint_or_store_is_one_line_and_exit_2(args, prog):
         assert "hf download" in lines[0] and "--model DIR" in lines[0]
     else:
         assert "choose a writable directory" in lines[0] and "/proc/mmkv-cannot-be-here" in lines[0]
+
+
+# -- serve: what can be checked is checked before the model loads, one line, exit 2 ----------------------------
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """``mmkv serve`` in this process, with loading the model made an error: a check that passes lets it
+    through and the test fails on "the model would load"."""
+    import mmkv.serve
+
+    def serve(config):
+        raise AssertionError("the model would load")
+
+    monkeypatch.setattr(mmkv.serve, "serve", serve)
+
+
+def _serve_fails(capsys, *args: str) -> str:
+    """Run ``mmkv serve ARGS`` in-process; assert exit 2 with one line on stderr, nothing on stdout; the line."""
+    from mmkv.cli import main
+
+    port = [] if "--port" in args else ["--port", str(free_port())]  # 8000 may be another program's
+    try:
+        status = main(["serve", "--model", "tiny-qwen3-vl", *port, *args])
+    except SystemExit as exc:  # argparse's own errors
+        status = exc.code
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert status == 2 and out == "" and len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("mmkv: ")
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "port, shown",
+    [("99999", "99999"), ("65536", "65536"), ("0", "0"), ("-1", "-1"), ("abc", "'abc'"), ("80.5", "'80.5'"),
+     ("", "''")],
+)  # fmt: skip
+def test_a_port_that_is_not_one_is_one_line(no_model_load, capsys, port, shown):
+    """--port out of 1-65535, negative, not a number: one line naming --port and the range."""
+    line = _serve_fails(capsys, "--port", port)
+    assert line == f"mmkv: serve: argument --port: {shown} is not a port number (1-65535)"
+
+
+def test_a_port_in_use_is_found_before_the_model_loads(no_model_load, capsys):
+    """Another process listens on the port (on 127.0.0.1, or on every address with --host 0.0.0.0): one line
+    saying so, before anything loads."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        for host in ("127.0.0.1", "0.0.0.0"):
+            line = _serve_fails(capsys, "--port", str(port), "--host", host)
+            assert line == (
+                f"mmkv: cannot listen on {host}:{port}: the port is already in use; stop what holds it or choose "
+                "another --port"
+            )
+
+
+@pytest.mark.parametrize("host, reason", [("192.0.2.1", "is not an address of this machine"),
+                                          ("no-such-host.invalid", "does not resolve")])  # fmt: skip
+def test_a_host_that_is_not_this_machine_is_one_line(no_model_load, capsys, host, reason):
+    """--host an address of another machine (TEST-NET-1) or a name that does not resolve."""
+    line = _serve_fails(capsys, "--host", host, "--port", "8001")
+    assert line.startswith(f"mmkv: cannot listen on {host}:8001: ") and reason in line
+
+
+@pytest.mark.parametrize("model", ["/no/such/dir", "./no/such/dir", "~/no-such-mmkv-dir", "a/b/c"])
+def test_a_model_path_that_does_not_exist_says_so(no_model_load, capsys, model):
+    """--model naming a directory that is not there: says the directory does not exist (no hf download
+    advice for a path)."""
+    line = _serve_fails(capsys, "--model", model)
+    assert line.startswith(f"mmkv: --model {model}: the directory ") and "does not exist" in line
+    assert "hf download" not in line
+
+
+def test_a_model_path_that_is_a_file_says_so(no_model_load, capsys, tmp_path):
+    """--model naming a file: it is a file, not a checkpoint directory."""
+    (tmp_path / "model.bin").write_bytes(b"x")
+    line = _serve_fails(capsys, "--model", str(tmp_path / "model.bin"))
+    assert "is a file, not a checkpoint directory" in line
+
+
+@pytest.mark.parametrize("form", ["under /proc", "a file in the way", "under a file"])
+def test_an_unwritable_store_is_found_before_the_model_loads(no_model_load, capsys, tmp_path, form):
+    """--store that cannot be created or written (under /proc, a file where the directory should be, a path
+    under a file): one line naming it; the file in the way is unchanged."""
+    blocker = tmp_path / "blocker"
+    blocker.write_bytes(b"keep me")
+    path = {"under /proc": "/proc/mmkv-cannot-be-here", "a file in the way": str(blocker),
+            "under a file": str(blocker / "store")}[form]  # fmt: skip
+    line = _serve_fails(capsys, "--store", path)
+    assert line.startswith(f"mmkv: cannot open the store directory {path!r}: ")
+    assert blocker.read_bytes() == b"keep me"
+
+
+@pytest.mark.parametrize("flag, value, name", [("--max-queue", "-1", "max_queue"), ("--pool-bytes", "-5", "pool_bytes"),
+                                               ("--max-tokens", "0", "max_tokens"), ("--request-timeout", "0", "timeouts")])  # fmt: skip
+def test_a_bound_out_of_range_is_one_line(no_model_load, capsys, flag, value, name):
+    """A negative queue or pool, zero max tokens, a zero timeout: one line naming the setting."""
+    line = _serve_fails(capsys, flag, value)
+    assert line.startswith("mmkv: serve: ") and name in line
+
+
+def test_the_command_line_itself_exits_2_with_one_line():
+    """python -m mmkv serve --port 99999: exit 2, one line, no usage block, no traceback."""
+    done = _run("-m", "mmkv", "serve", "--port", "99999")
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "mmkv: serve: argument --port: 99999 is not a port number (1-65535)"
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import struct
+import warnings
 import zlib
 
 import numpy as np
@@ -94,6 +95,68 @@ def test_decompression_bomb_is_refused_before_decoding():
     assert len(data) < 1_000_000
     with pytest.raises(mmkv.ImageTooLargeError, match="over the bound|exceeds"):
         load_image(data, max_pixels=10_000_000)
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+HEADERS = {  # a few dozen bytes declaring width x height, in each format Pillow opens lazily
+    "png": lambda w, h: (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 1, 0, 0, 0, 0))
+                         + _chunk(b"IDAT", zlib.compress(b"")) + _chunk(b"IEND", b"")),
+    "gif": lambda w, h: (b"GIF89a" + struct.pack("<HHBBB", w, h, 0, 0, 0) + b"\x2c"
+                         + struct.pack("<HHHHB", 0, 0, w, h, 0) + b"\x02\x02\x44\x01\x00\x3b"),
+    "bmp": lambda w, h: (b"BM" + struct.pack("<IHHI", 54, 0, 0, 54)
+                         + struct.pack("<IiiHHIIiiII", 40, w, h, 1, 24, 0, 0, 2835, 2835, 0, 0)),
+    "jpeg": lambda w, h: (b"\xff\xd8\xff\xc0" + struct.pack(">HBHHB", 17, 8, h, w, 3)
+                          + b"\x01\x11\x00\x02\x11\x00\x03\x11\x00\xff\xda" + struct.pack(">HB", 12, 3)
+                          + b"\x01\x00\x02\x00\x03\x00\x00\x3f\x00\xff\xd9"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("fmt", list(HEADERS))
+@pytest.mark.parametrize(
+    "side, pixels",
+    [(9000, "9000x9000 = 81,000,000"), (10000, "10000x10000 = 100,000,000"), (14000, "196,000,000"),
+     (60000, "3,600,000,000")],
+    ids=["between ours and Pillow's warning", "between Pillow's warning and its limit", "over Pillow's limit",
+         "far over Pillow's limit"],
+)  # fmt: skip
+def test_every_image_over_the_bound_gets_our_error_and_words(fmt, side, pixels, tmp_path):
+    """A header declaring side x side pixels, whichever of our bound (64 Mpx), Pillow's warning (89 Mpx) or
+    Pillow's hard limit (179 Mpx) it passes, as bytes or as a file: ImageTooLargeError saying how many pixels
+    and "over the bound" (what the server answers 413 on), never Pillow's decompression-bomb text, and no
+    warning either."""
+    data = HEADERS[fmt](side, side)
+    assert len(data) < 200
+    (tmp_path / "big").write_bytes(data)
+    for source in (data, tmp_path / "big"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(mmkv.ImageTooLargeError) as info:
+                load_image(source)
+        message = str(info.value)
+        assert (
+            message
+            == f"the image is {pixels} pixels, over the bound of 67,108,864; downscale it or raise max_pixels"
+        )
+
+
+def test_our_bound_decides_below_pillows_limit_and_a_raised_bound_says_which_held(monkeypatch, rgb):
+    """With Pillow's limit lowered to 1000 px (hard limit 2000): a 40x24 image (960 px) and a 48x32 one (1536 px,
+    past Pillow's warning) load under a 10,000 px bound without a warning; a 48x48 one (2304 px, past Pillow's
+    hard limit) is ImageTooLargeError naming Pillow's bound of 2,000 and what to raise."""
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_image(_png_bytes(rgb.resize((40, 24))), max_pixels=10_000).size == (40, 24)
+        assert load_image(_png_bytes(rgb.resize((48, 32))), max_pixels=10_000).size == (48, 32)
+    with pytest.raises(
+        mmkv.ImageTooLargeError, match="2,304 pixels, over the bound of 2,000 that Pillow opens"
+    ):
+        load_image(_png_bytes(rgb.resize((48, 48))), max_pixels=10_000)
+    with pytest.raises(mmkv.ImageTooLargeError, match="2,304 pixels, over the bound of 1,500; downscale"):
+        load_image(_png_bytes(rgb.resize((48, 48))), max_pixels=1500)
 
 
 def test_zero_size_and_wrong_types_and_missing_files(tmp_path):

@@ -5,9 +5,12 @@ diskcache keeps an SQLite index (``cache.db``) and, for values over 32 KiB, one 
 
 - **bytes only**: a bytes-only ``Disk`` refuses to write anything else and to read back an entry stored in any
   other mode, so nothing is ever unpickled, even from a directory someone else wrote into;
-- **paths confined**: every value file the index names must have diskcache's own name shape and resolve inside
-  the directory (no ``..``, no absolute path, no symlink out); any other row is a corrupt entry, dropped from
-  the index only; no file outside the directory is ever read or deleted;
+- **paths confined**: every value file the index names must have diskcache's own name shape
+  (``xx/yy/<28 hex>.val``), and is opened, written and unlinked component by component below the directory's
+  descriptor without following a link (``mmkv.confined``): a row naming anything else, or a folder or file on
+  the way that is a symbolic link (planted, or swapped in between a check and the open), is a corrupt entry,
+  dropped from the index only; no file outside the directory is ever read, written or deleted; an index file
+  (``cache.db`` and its ``-wal`` / ``-shm``) that is a link is refused at open (SQLite opens files by name);
 - **faults contained**: opening either works or raises ``StoreUnavailableError`` saying what is wrong (a file
   where the directory should be, no permission, a corrupt index, a full disk). Once open, no storage fault
   raises: a failed read is a miss counted in ``read_errors``, a failed write is counted in ``write_errors``
@@ -15,7 +18,7 @@ diskcache keeps an SQLite index (``cache.db``) and, for values over 32 KiB, one 
   write and the tier stops writing (``lost``);
 - **bounded**: the size bound defaults to the smaller of 16 GiB and 90% of what the disk can give it;
 - **swept**: value files no index row names (a writer killed mid-write) older than ``ORPHAN_AGE_S`` are removed
-  when a tier opens the directory.
+  when a tier opens the directory, without following any link (``mmkv.cache.sweep``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import os
 import re
 import shutil
 import sqlite3
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,48 +38,84 @@ from typing import TypeVar
 import diskcache
 from diskcache.core import MODE_BINARY, MODE_RAW
 
+from ..confined import (
+    ConfinementError,
+    create_file_beneath,
+    open_file_beneath,
+    open_root,
+    unlink_beneath,
+)
 from ..errors import StoreUnavailableError
 from .codec import CorruptEntryError
+from .sweep import ORPHAN_AGE_S, sweep_orphans
 
-__all__ = ["DEFAULT_DISK_MAX_BYTES", "ORPHAN_AGE_S", "DiskTier"]
+__all__ = ["DEFAULT_DISK_MAX_BYTES", "ORPHAN_AGE_S", "DiskTier", "check_store_directory"]
 
 logger = logging.getLogger("mmkv.cache")
 
 T = TypeVar("T")
 DEFAULT_DISK_MAX_BYTES = 16 << 30  # upper end of the default bound (also capped by the free space)
-ORPHAN_AGE_S = 600.0  # a value file no row names, untouched this long, is a dead writer's leftover
 _VALUE_NAME = re.compile(r"[0-9a-f]{2}/[0-9a-f]{2}/[0-9a-f]{28}\.val")  # diskcache's own file names
 _FAULTS = (OSError, sqlite3.Error, diskcache.Timeout)  # what storage can throw at us once open
 
 
 class _BytesOnlyDisk(diskcache.Disk):
     """A ``diskcache.Disk`` that stores ``bytes`` only, never unpickles, and never touches a path outside its
-    directory. Writing anything but ``bytes`` raises ``TypeError``; reading an entry stored in another mode or
-    naming a file outside raises ``CorruptEntryError``; removing such a file does nothing."""
+    directory: value files are created, read and unlinked through ``mmkv.confined`` (no link followed below the
+    directory). Writing anything but ``bytes`` raises ``TypeError``; reading an entry stored in another mode or
+    naming anything but one of its own value files raises ``CorruptEntryError``; removing such a name does
+    nothing."""
 
     def inside(self, filename: str | None) -> bool:
-        """Whether ``filename`` (as an index row holds it) is a value file of this directory."""
-        if not isinstance(filename, str) or not _VALUE_NAME.fullmatch(filename):
-            return False
-        root = os.path.realpath(self._directory)
-        return os.path.realpath(os.path.join(root, filename)).startswith(root + os.sep)
+        """Whether ``filename`` (as an index row holds it) has the shape of a value file of this directory."""
+        return isinstance(filename, str) and _VALUE_NAME.fullmatch(filename) is not None
 
     def store(self, value, read, key=diskcache.UNKNOWN):
         if type(value) is not bytes:
             raise TypeError(f"DiskTier stores bytes only, got {type(value).__name__}")
-        return super().store(value, read, key=key)
+        if len(value) < self.min_file_size:
+            return super().store(value, read, key=key)
+        for attempt in range(10):  # another process may prune an emptied folder between mkdir and open
+            filename, _ = self.filename(key, value)
+            root = open_root(self._directory)
+            try:
+                create_file_beneath(root, filename.split("/"), value)
+                return len(value), MODE_BINARY, filename, None
+            except (FileNotFoundError, FileExistsError):
+                if attempt == 9:
+                    raise
+            finally:
+                os.close(root)
 
     def fetch(self, mode, filename, value, read):
         if mode not in (MODE_RAW, MODE_BINARY) or read:
             raise CorruptEntryError(
                 f"disk entry is not raw bytes (diskcache mode {mode}); refusing to decode it"
             )
-        if filename is not None and not self.inside(filename):
+        if filename is None:
+            out = super().fetch(mode, filename, value, read)
+        elif not self.inside(filename):
             raise CorruptEntryError(f"disk entry names a file outside the store ({filename!r}); not read")
-        out = super().fetch(mode, filename, value, read)
+        else:
+            out = self._read(filename)
         if type(out) is not bytes:
             raise CorruptEntryError(f"disk entry is not raw bytes ({type(out).__name__})")
         return out
+
+    def _read(self, filename: str) -> bytes:
+        """The bytes of the value file ``filename``, opened below the directory without following a link.
+        A missing file raises ``OSError`` (diskcache's miss); a link or a non-file, ``CorruptEntryError``."""
+        root = open_root(self._directory)
+        try:
+            fd = open_file_beneath(root, filename.split("/"))
+        except ConfinementError as exc:
+            raise CorruptEntryError(
+                f"disk entry {filename!r} is not a file of the store ({exc}); not read"
+            ) from None
+        finally:
+            os.close(root)
+        with os.fdopen(fd, "rb") as reader:
+            return reader.read()
 
     def remove(self, file_path):
         if not self.inside(file_path):
@@ -83,7 +123,16 @@ class _BytesOnlyDisk(diskcache.Disk):
                 "mmkv cache: not removing %r: it is not a value file of %s", file_path, self._directory
             )
             return
-        super().remove(file_path)
+        try:
+            root = open_root(self._directory)
+            try:
+                unlink_beneath(root, file_path.split("/"), prune=True)
+            finally:
+                os.close(root)
+        except ConfinementError as exc:
+            logger.warning("mmkv cache: not removing %r from %s: %s", file_path, self._directory, exc)
+        except OSError:
+            pass  # gone already, or removed by another process first (diskcache suppresses these too)
 
 
 def _open_error(path: Path, exc: BaseException) -> StoreUnavailableError:
@@ -121,6 +170,19 @@ def _open_error(path: Path, exc: BaseException) -> StoreUnavailableError:
     return StoreUnavailableError(f"{where}: {type(exc).__name__}: {exc}")
 
 
+def check_store_directory(path: Path) -> None:
+    """Create the store directory ``path`` if needed (as opening a store would) and check that a file can be
+    written there (a probe file, removed at once). Raises ``StoreUnavailableError`` saying what is wrong (a
+    file in the way, no permission, read-only, full); changes nothing else. For checks before a model loads."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".mmkv-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise _open_error(path, exc) from None
+
+
 class DiskTier:
     """A persistent map ``str -> bytes`` in a diskcache directory, bounded (approximately) by ``max_bytes``.
 
@@ -136,6 +198,16 @@ class DiskTier:
         self.path = Path(path)  # the diskcache directory
         try:
             self.path.mkdir(parents=True, exist_ok=True)
+            for name in (
+                diskcache.core.DBNAME,
+                diskcache.core.DBNAME + "-wal",
+                diskcache.core.DBNAME + "-shm",
+            ):
+                if (self.path / name).is_symlink():  # SQLite would open (and write) whatever it points to
+                    raise StoreUnavailableError(
+                        f"cannot open the store directory {str(self.path)!r}: its index file {name} is a symbolic "
+                        "link; an index must be a plain file inside the store (remove the link)"
+                    )
             limit = DEFAULT_DISK_MAX_BYTES if max_bytes is None else max_bytes
             self._cache = diskcache.Cache(
                 str(self.path),
@@ -149,6 +221,8 @@ class DiskTier:
                 usable = shutil.disk_usage(self.path).free + int(self._cache.volume())
                 limit = min(DEFAULT_DISK_MAX_BYTES, int(0.9 * usable))
                 self._cache.reset("size_limit", limit)
+        except StoreUnavailableError:
+            raise
         except (*_FAULTS, ValueError) as exc:
             raise _open_error(self.path, exc) from exc
         self.max_bytes = limit  # diskcache size_limit
@@ -156,9 +230,7 @@ class DiskTier:
         self.misses = 0  # get() calls that found nothing
         self.corrupt = 0  # entries that failed to decode (or named a file outside) and were dropped
         self.read_errors = 0  # reads that failed with a storage fault (counted as misses by the caller)
-        self.write_errors = (
-            0  # writes that failed with a storage fault, or were refused because the tier is lost
-        )
+        self.write_errors = 0  # writes that failed with a storage fault, or refused because the tier is lost
         self.lost = False  # the directory was deleted or replaced under us: no more writes
         self.orphans_removed = self._sweep_orphans()
 
@@ -267,19 +339,17 @@ class DiskTier:
 
     def _sweep_orphans(self) -> int:
         """Remove value files no index row names, untouched for ``ORPHAN_AGE_S`` (a writer killed mid-write).
+        Walks real folders only and unlinks by name in the folder it opened (see the module docstring).
         Returns how many were removed."""
         try:
             named = {
                 row[0] for row in self._cache._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL")
             }
-            now, removed = time.time(), 0
-            for file in self.path.glob("[0-9a-f][0-9a-f]/[0-9a-f][0-9a-f]/*.val"):
-                relative = file.relative_to(self.path).as_posix()
-                if relative in named or not _VALUE_NAME.fullmatch(relative) or file.is_symlink():
-                    continue
-                if now - file.stat().st_mtime >= ORPHAN_AGE_S:
-                    file.unlink(missing_ok=True)
-                    removed += 1
+            root = open_root(self.path)
+            try:
+                removed = sweep_orphans(root, named, time.time())
+            finally:
+                os.close(root)
             if removed:
                 logger.info("mmkv cache: removed %d orphaned value files from %s", removed, self.path)
             return removed

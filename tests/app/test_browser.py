@@ -32,8 +32,10 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-START_TIMEOUT_S = 60  # the server's import and model load
-TURN_TIMEOUT_MS = 30_000  # one answer on the tiny model (a fraction of a second when the CPU is free)
+# Hang guards, not speed bounds: a busy machine may take many times the idle figures (a server up in ~10 s, an
+# answer on the tiny model in a fraction of a second); the test fails only when nothing happens at all.
+START_TIMEOUT_S = 900  # the server's import and model load
+TURN_TIMEOUT_MS = 600_000  # one answer on the tiny model
 
 # Gradio 6 DOM, read off the served page: elem_ids set in app/demo.py, data-testids from Gradio's components.
 MESSAGE_FILE_INPUT = "#message input[type=file]"

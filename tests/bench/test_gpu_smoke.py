@@ -8,19 +8,24 @@ import sys
 import tarfile
 from pathlib import Path
 
+from bench import gpu
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_smoke_run_writes_every_result_within_the_devices_return_limits(tmp_path):
     """Both checkpoints come back as tars holding a loadable checkpoint, the benchmarks write their JSON, and
-    the output stays within the device's limits (at most 8 files, none in a subfolder)."""
+    the output stays within the device's limits (at most 8 files, none in a subfolder). The smoke plan has no
+    time bound (steps and sizes only), so a busy machine is slower, not a failure."""
+    assert gpu.SMOKE.train_minutes is None and gpu.SMOKE.rerotate_seconds is None
+    assert gpu.SMOKE.session_seconds is None
     out = tmp_path / "out"
     done = subprocess.run(
         [sys.executable, "bench/gpu.py", "--smoke", "--out", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=3600,  # a hang guard only: the run is bounded by its steps and sizes
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     files = sorted(p.name for p in out.iterdir())

@@ -7,7 +7,6 @@ import logging
 import multiprocessing
 import os
 import struct
-import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -305,36 +304,40 @@ def _same_features(a: list[ImageFeatures], b: list[ImageFeatures]) -> bool:
     return all(x.dtype == y.dtype and torch.equal(x, y) for x, y in pairs)
 
 
-def _share_worker(path: str, worker: int, results) -> None:
-    """Put this worker's records one by one while reading the other workers' until all are seen or 30 s pass."""
+def _share_worker(path: str, worker: int, written, results) -> None:
+    """Put this worker's records one by one, reading the other workers' after each put; once every worker has
+    written all of its records (a barrier: steps, not seconds), read whatever is still unseen once more."""
     store, handle = EncoderStore(path), _stand_in_handle()
     others = {_record(w, i)[0]: (w, i) for w in range(_WORKERS) if w != worker for i in range(_RECORDS)}
     seen, wrong = set(), 0
-    deadline = time.monotonic() + 30.0
-    index = 0
-    while (index < _RECORDS or len(seen) < len(others)) and time.monotonic() < deadline:
-        if index < _RECORDS:
-            store.put(*_record(worker, index), handle)
-            index += 1
+
+    def read_others() -> None:
+        nonlocal wrong
         for digest, (w, i) in others.items():
             if digest not in seen and (got := store.get(digest, handle)) is not None:
                 seen.add(digest)
                 wrong += not _same_features(got, _record(w, i)[1])
-        if index >= _RECORDS:
-            time.sleep(0.01)
-    results.put((worker, index, len(seen), wrong, store.stats().disk.write_errors))
+
+    for index in range(_RECORDS):
+        store.put(*_record(worker, index), handle)
+        read_others()
+    written.wait(timeout=3600)  # a hang guard only
+    read_others()
+    results.put((worker, _RECORDS, len(seen), wrong, store.stats().disk.write_errors))
 
 
 def test_two_processes_share_one_directory(tmp_path):
     """Two processes writing and reading one directory concurrently see all 40 records, byte-identical."""
     ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_share_worker, args=(str(tmp_path), w, results)) for w in range(_WORKERS)]
+    results, written = ctx.Queue(), ctx.Barrier(_WORKERS)
+    procs = [
+        ctx.Process(target=_share_worker, args=(str(tmp_path), w, written, results)) for w in range(_WORKERS)
+    ]
     for proc in procs:
         proc.start()
-    reports = sorted(results.get(timeout=60) for _ in procs)
+    reports = sorted(results.get(timeout=3600) for _ in procs)  # hang guards only
     for proc in procs:
-        proc.join(timeout=30)
+        proc.join(timeout=600)
         assert proc.exitcode == 0
     assert reports == [(w, _RECORDS, _RECORDS * (_WORKERS - 1), 0, 0) for w in range(_WORKERS)]
     store, handle = EncoderStore(tmp_path), _stand_in_handle()
