@@ -29,7 +29,7 @@ from mmkv.cli import HelpFormatter
 from mmkv.synthetic import synthetic_screenshot
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's app/ package
-from app.engine import images_summary  # noqa: E402
+from app.format import images_summary  # noqa: E402
 from app.trajectory import POLICY, TRAJECTORY  # noqa: E402
 
 PAGES = 4  # distinct screens the agent moves between

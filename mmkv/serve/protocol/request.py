@@ -1,5 +1,4 @@
-"""The OpenAI chat-completions protocol as ``mmkv serve`` speaks it: the request and every response object as
-pydantic models, and the errors with their HTTP status (chosen by the exception's type, never by its text).
+"""The chat-completions request as pydantic models, every documented field declared.
 
 Nothing is silently ignored: every documented request field is declared here and either honoured or refused
 with a 400 that names it (``REFUSED`` below); a field nobody documents gets OpenAI's own answer, 400
@@ -12,21 +11,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..runtime.decode import MAX_LOGPROBS
-from ..runtime.sampling import SEED_RANGE
+from ...runtime.decode import MAX_LOGPROBS
+from ...runtime.sampling import SEED_RANGE
 
-__all__ = [
-    "REFUSED",
-    "ApiError",
-    "ChatCompletion",
-    "ChatCompletionChunk",
-    "ChatCompletionRequest",
-    "ErrorBody",
-    "Usage",
-    "error_from_validation",
-]
+__all__ = ["REFUSED", "ChatCompletionRequest", "ImagePart", "MmkvOptions", "NamedToolChoice", "TextPart"]
 
 STRING_BOUND = 64 << 20  # no single string field may exceed this (the body bound says more)
 
@@ -263,183 +253,3 @@ class ChatCompletionRequest(_In):
                     "a response format with a required or named tool choice (the answer is a call)",
                 )
         return None
-
-
-# --------------------------------------------------------------------------------------------------- responses
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class FunctionCallOut(_Out):
-    name: str
-    arguments: str
-
-
-class ToolCallOut(_Out):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCallOut
-
-
-class TopLogprob(_Out):
-    token: str
-    logprob: float
-    bytes: list[int] | None
-
-
-class TokenLogprob(_Out):
-    token: str
-    logprob: float
-    bytes: list[int] | None
-    top_logprobs: list[TopLogprob]
-
-
-class ChoiceLogprobs(_Out):
-    content: list[TokenLogprob] | None
-    refusal: list[TokenLogprob] | None = None
-
-
-class AssistantOut(_Out):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    refusal: str | None = None
-    tool_calls: list[ToolCallOut] | None = None
-
-
-class Choice(_Out):
-    index: int = 0
-    message: AssistantOut
-    finish_reason: Literal["stop", "length", "tool_calls"]
-    logprobs: ChoiceLogprobs | None = None
-
-
-class PromptTokensDetails(_Out):
-    cached_tokens: int
-
-
-class Usage(_Out):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-
-class ChatCompletion(_Out):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[Choice]
-    usage: Usage
-    system_fingerprint: str | None = None
-    mmkv: dict[str, Any]  # where each image came from, tokens prefilled and reused, TTFT, queue time
-
-
-class FunctionDelta(_Out):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class ToolCallDelta(_Out):
-    index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: FunctionDelta
-
-
-class Delta(_Out):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
-
-
-class ChunkChoice(_Out):
-    index: int = 0
-    delta: Delta
-    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
-    logprobs: ChoiceLogprobs | None = None
-
-
-class ChatCompletionChunk(_Out):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    usage: Usage | None = None
-    system_fingerprint: str | None = None
-    mmkv: dict[str, Any] | None = None
-
-
-class ErrorDetail(_Out):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(_Out):
-    error: ErrorDetail
-
-
-# ------------------------------------------------------------------------------------------------------ errors
-class ApiError(Exception):
-    """A refusal: its HTTP status and its OpenAI error object. Subclasses fix the status."""
-
-    status = 400
-    kind = "invalid_request_error"
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.message, self.param, self.code = message, param, code
-
-    def body(self) -> dict:
-        """The error object, as JSON."""
-        return ErrorBody(
-            error=ErrorDetail(message=self.message, type=self.kind, param=self.param, code=self.code)
-        ).model_dump()
-
-
-class BadRequest(ApiError):
-    status = 400
-
-
-class Unauthorized(ApiError):
-    status, kind = 401, "invalid_api_key"
-
-
-class NotFound(ApiError):
-    status, kind = 404, "not_found_error"
-
-
-class MethodNotAllowed(ApiError):
-    status = 405
-
-
-class TooLarge(ApiError):
-    status = 413
-
-
-class Busy(ApiError):
-    status, kind = 503, "server_busy"
-
-
-class Timeout(ApiError):
-    status, kind = 504, "timeout"
-
-
-class InternalError(ApiError):
-    status, kind = 500, "server_error"
-
-
-def error_from_validation(error: ValidationError) -> BadRequest:
-    """The 400 for a request that does not fit the schema: OpenAI's message for an unknown field, else the first
-    problem with its dotted location as ``param``."""
-    first = error.errors()[0]
-    location = ".".join(str(part) for part in first.get("loc", ()))
-    if first.get("type") == "extra_forbidden":
-        return BadRequest(
-            f"Unrecognized request argument supplied: {location}", location, "unrecognized_argument"
-        )
-    message = first.get("msg", "invalid value")
-    return BadRequest(f"{location}: {message}" if location else message, location or None, "invalid_value")
