@@ -30,7 +30,7 @@ from PIL import Image
 
 import mmkv
 from mmkv import Answer, MmkvError, ModelHandle, Session, SessionConfig
-from mmkv.cache import EncoderStore, ImageKVStore
+from mmkv.cache import EncoderStore, KVStore
 from mmkv.images import DEFAULT_MAX_PIXELS, load_image
 from mmkv.model.registry import SHIPPED_DIR
 from mmkv.session import ReusePolicy
@@ -129,7 +129,7 @@ class DemoBackend:
         self.store_dir = None if store_dir is None else Path(store_dir).expanduser()
         self.max_image_pixels = max_image_pixels  # uploads over this many pixels are refused
         self.device = device  # None: mmkv.load's default
-        self.kv_store = ImageKVStore(path=self.store_dir)
+        self.kv_store = KVStore(path=self.store_dir)
         self.encoder_store = EncoderStore(path=None if self.store_dir is None else self.store_dir / "encoder")
         self.lock = threading.RLock()
         self._handle: ModelHandle | None = None

@@ -101,7 +101,7 @@ def _stats_cells(stats: TierStats) -> tuple[str, ...]:
 
 def format_stats(backend: DemoBackend) -> str:
     """A Markdown table of both stores' counters (shared by all browser sessions): one row per counter in
-    ``STATS_ROWS``, one column per store and tier: ``KV · memory``, ``KV · disk`` (the ``ImageKVStore``),
+    ``STATS_ROWS``, one column per store and tier: ``KV · memory``, ``KV · disk`` (the ``KVStore``),
     ``encoder · memory``, ``encoder · disk`` (the ``EncoderStore``); disk columns only with a store directory."""
     with backend.lock:
         stores = [("KV", backend.kv_store.stats()), ("encoder", backend.encoder_store.stats())]

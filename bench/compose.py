@@ -45,7 +45,7 @@ import mmkv
 from bench.models import add_model_arguments, load_model, model_arguments
 from bench.timing import interleave
 from evals.compose import make_preamble
-from mmkv.cache import ImageKVStore
+from mmkv.cache import KVStore
 
 SYSTEM = "You are an agent. The user's notes follow."
 QUESTION = "Which page was opened last? Answer with one word."
@@ -120,7 +120,7 @@ def growth(rows: list[dict], arm: str, fit_from: int) -> float | None:
 def _child_precompile(args) -> None:
     """The other process: precompile the segment into the disk store at ``args.child`` and exit."""
     handle = _handle(args)
-    store = ImageKVStore(args.child)
+    store = KVStore(args.child)
     mmkv.text.precompile(handle, segment_text(handle, args.store_length), store=store)
     store.close()
 
@@ -143,7 +143,7 @@ def store_part(handle: mmkv.ModelHandle, args, repeats: int) -> dict:
 
         def load() -> float:
             nonlocal equal
-            store = ImageKVStore(
+            store = KVStore(
                 directory
             )  # a fresh store: empty memory tier, the disk tier on the directory
             started = time.perf_counter()

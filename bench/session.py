@@ -44,7 +44,7 @@ from tqdm import tqdm
 import mmkv
 from bench.models import add_model_arguments, load_model
 from bench.timing import Timing, interleave
-from mmkv.cache import EncoderStore, ImageKVStore
+from mmkv.cache import EncoderStore, KVStore
 from mmkv.synthetic import synthetic_screenshot
 
 POLICIES = ("none", "encoder", "kv")
@@ -81,7 +81,7 @@ def trajectory(handle: mmkv.ModelHandle, turns: int, window: int, size: int) -> 
     """Per-turn TTFT (ms) of each policy over one trajectory, the policies advancing in lockstep."""
     shots = _shots(turns, size)
     sessions = {
-        p: mmkv.Session(handle, store=ImageKVStore(), encoder_store=EncoderStore(), reuse=p, window=window)
+        p: mmkv.Session(handle, store=KVStore(), encoder_store=EncoderStore(), reuse=p, window=window)
         for p in POLICIES
     }
     result: dict = {"ttft": {p: [] for p in POLICIES}, "hit_rate": {}}
@@ -107,9 +107,9 @@ def trajectory(handle: mmkv.ModelHandle, turns: int, window: int, size: int) -> 
     return result
 
 
-def _stored(handle: mmkv.ModelHandle, images: list) -> tuple[ImageKVStore, EncoderStore]:
+def _stored(handle: mmkv.ModelHandle, images: list) -> tuple[KVStore, EncoderStore]:
     """Stores holding ``images``' KV and vision outputs, computed after an unrelated context."""
-    store, encoder_store = ImageKVStore(), EncoderStore()
+    store, encoder_store = KVStore(), EncoderStore()
     warm = mmkv.Session(handle, store=store, encoder_store=encoder_store)
     for image in images:
         warm.add_image(image)

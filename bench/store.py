@@ -40,7 +40,7 @@ def _record(handle, tokens: int) -> mmkv.KVSegment:
     ids = torch.full((tokens,), handle.processor.image_token_id, dtype=torch.long)
     positions = torch.arange(tokens).expand(3, -1).clone()
     return mmkv.KVSegment(torch.randn(shape).bfloat16(), torch.randn(shape).bfloat16(), ids, positions, "image",
-                          f"{tokens:064x}", handle.layout)  # fmt: skip
+                          f"{tokens:064x}", handle.rotary)  # fmt: skip
 
 
 def _recompute_ms(handle, size: int, lm_layers: int, vision_layers: int, repeats: int) -> dict:

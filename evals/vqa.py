@@ -74,7 +74,7 @@ from evals.tasks import (  # noqa: E402
     normalise_answer,
     sample_session,
 )
-from mmkv.cache import EncoderStore, ImageKVStore  # noqa: E402
+from mmkv.cache import EncoderStore, KVStore  # noqa: E402
 from mmkv.cli import HelpFormatter  # noqa: E402
 
 __all__ = [
@@ -140,7 +140,7 @@ def build_session(
     handle: mmkv.ModelHandle,
     sample: Sample,
     config: mmkv.SessionConfig,
-    store: ImageKVStore,
+    store: KVStore,
     encoder_store: EncoderStore,
 ) -> mmkv.Session:
     """A fresh session holding ``sample``'s conversation (system text, then each turn's images and text); the
@@ -169,7 +169,7 @@ def shifted_warm_session(
     handle: mmkv.ModelHandle,
     sample: Sample,
     targets: Sequence[tuple[str, int]],
-    store: ImageKVStore,
+    store: KVStore,
     encoder_store: EncoderStore,
     min_shift: int = MIN_SHIFT,
 ) -> mmkv.Session:
@@ -225,7 +225,7 @@ def _run_arm(
 ) -> tuple[_Pass, list[int] | None]:
     """Warm fresh stores as ``arm`` says, then measure a fresh session. Returns the pass and, for kv arms, the
     shift (placed start - cached start) of every image in prompt order."""
-    store, encoder_store = ImageKVStore(), EncoderStore()
+    store, encoder_store = KVStore(), EncoderStore()
     session = build_session(handle, sample, arm.config, store, encoder_store)
     targets = image_starts(session, sample.question)
     if arm.warm == "same":

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import mmkv
-from mmkv.cache import EncoderStore, ImageKVStore
+from mmkv.cache import EncoderStore, KVStore
 from mmkv.cli import HelpFormatter
 from mmkv.synthetic import synthetic_screenshot
 
@@ -44,7 +44,7 @@ def run(
 ) -> list[dict]:
     """Run the trajectory; returns one row per turn (TTFTs, agreement, image sources)."""
     handle = mmkv.load(model, device=device)
-    store = ImageKVStore(path=store_dir)
+    store = KVStore(path=store_dir)
     encoder_store = EncoderStore(path=None if store_dir is None else f"{store_dir}/encoder")
     sessions = {
         "kv": mmkv.Session(handle, store=store, encoder_store=encoder_store, reuse="kv", window=window),
@@ -57,7 +57,7 @@ def run(
     warm = mmkv.Session(handle, reuse="none")  # one-off start-up costs, outside the timed turns
     warm.add_image(synthetic_screenshot(99, (448, 336)))
     warm.next_token_logits("Warm up.")
-    print(f"model {handle.name} ({handle.family.name}, {handle.layout.kind} M-RoPE), window {window}")
+    print(f"model {handle.name} ({handle.family.name}, {handle.rotary.kind} M-RoPE), window {window}")
     print(
         f"{'turn':>4s} {'images':42s} {'kv ms':>8s} {'none ms':>8s} {'speedup':>8s} {'kv answer':>16s} {'same':>6s}"
     )

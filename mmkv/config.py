@@ -42,7 +42,7 @@ def check_stores(store, encoder_store) -> tuple[KVStore, EncoderStore]:
     store = KVStore() if store is None else store
     encoder_store = EncoderStore() if encoder_store is None else encoder_store
     if not isinstance(store, KVStore):
-        raise StoreMismatchError(f"store must be a KVStore (ImageKVStore), got {type(store).__name__}")
+        raise StoreMismatchError(f"store must be a KVStore, got {type(store).__name__}")
     if not isinstance(encoder_store, EncoderStore):
         raise StoreMismatchError(f"encoder_store must be an EncoderStore, got {type(encoder_store).__name__}")
     return store, encoder_store

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import torch
 
-from .cache import EncoderStore, ImageDigest, ImageKVStore
+from .cache import EncoderStore, ImageDigest, KVStore
 from .cache.memory import MemoryTier
 from .config import SessionConfig, check_int, check_question, check_sampling, check_stores
 from .conversation import Conversation, ConversationImage
@@ -69,7 +69,7 @@ class Session:
     threads: every public call holds the session's lock (calls take turns)."""
 
     def __init__(
-        self, handle: ModelHandle, store: ImageKVStore | None = None, reuse: ReusePolicy = "kv", seam: int = 1,
+        self, handle: ModelHandle, store: KVStore | None = None, reuse: ReusePolicy = "kv", seam: int = 1,
         window: int | None = None, *, encoder_store: EncoderStore | None = None, config: SessionConfig | None = None,
     ) -> None:  # fmt: skip
         """``store``/``encoder_store`` default to private in-memory stores; pass shared ones (optionally with a

@@ -11,7 +11,7 @@ from PIL import Image
 
 import mmkv
 import mmkv.prompt
-from mmkv.cache import EncoderStore, ImageKVStore
+from mmkv.cache import EncoderStore, KVStore
 from mmkv.kv import append_to_cache, new_cache, prefill_span
 from tests.conftest import random_image
 
@@ -95,7 +95,7 @@ def test_none_and_encoder_equal_the_models_own_forward_over_turns(tiny):
 def test_kv_after_the_same_preamble_equals_full_recompute(tiny):
     """An image cached in one session and spliced by another right after the same preamble gives the logits
     of full recompute (<= 1e-4), reported as a store hit."""
-    store, (image, _, _) = ImageKVStore(), _images(tiny)
+    store, (image, _, _) = KVStore(), _images(tiny)
     first = mmkv.Session(tiny, store=store)
     first.add_image(image)
     first.ask("Describe it.", max_new_tokens=2)
@@ -111,7 +111,7 @@ def test_kv_after_the_same_preamble_equals_full_recompute(tiny):
 def test_moved_image_rerotated_is_closer_than_unrotated(tiny):
     """Cached after a short preamble, reused 60+ positions later after other text: the re-rotated splice is
     closer to full recompute (logit cosine) than the un-rotated one."""
-    store, (image, _, _) = ImageKVStore(), _images(tiny)
+    store, (image, _, _) = KVStore(), _images(tiny)
     warm = mmkv.Session(tiny, store=store)
     warm.add_image(image)
     warm.next_token_logits("Describe it.")
@@ -183,7 +183,7 @@ def test_window_rebuild_prefills_only_new_tokens_and_equals_splicing_by_hand(tin
 def test_kv_seams_that_recompute_pads_stay_exact_in_the_same_context(tiny, seam):
     """seam 0 (pure splice) and seam 3 (marker + two pads recomputed from cached vision features, DeepStack
     included) are exact too when the context is the one the image was cached in."""
-    store, (image, _, _) = ImageKVStore(), _images(tiny)
+    store, (image, _, _) = KVStore(), _images(tiny)
     warm = mmkv.Session(tiny, store=store)
     warm.add_image(image)
     warm.next_token_logits("Describe it.")
@@ -234,15 +234,15 @@ def test_bad_images_raise_their_errors_and_leave_the_session_usable(tiny, tmp_pa
 
 def test_wrong_store_type_raises_store_mismatch(tiny):
     """Passing an EncoderStore as the KV store (or the reverse) raises StoreMismatchError."""
-    with pytest.raises(mmkv.StoreMismatchError, match="ImageKVStore"):
+    with pytest.raises(mmkv.StoreMismatchError, match="KVStore"):
         mmkv.Session(tiny, store=EncoderStore())
     with pytest.raises(mmkv.StoreMismatchError, match="EncoderStore"):
-        mmkv.Session(tiny, encoder_store=ImageKVStore())
+        mmkv.Session(tiny, encoder_store=KVStore())
 
 
 def test_a_stored_segment_of_another_shape_is_refused(tiny, monkeypatch):
     """A store that hands back KV of another model's shape raises StoreMismatchError, not a silent splice."""
-    store, (image, _, _) = ImageKVStore(), _images(tiny)
+    store, (image, _, _) = KVStore(), _images(tiny)
     warm = mmkv.Session(tiny, store=store)
     warm.add_image(image)
     warm.next_token_logits("?")

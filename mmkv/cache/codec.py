@@ -148,7 +148,7 @@ def decode_segment(
     data: bytes,
     expected_fingerprint: str,
     expected_digest: str,
-    layout: RotaryLayout,
+    rotary: RotaryLayout,
     device: torch.device | str,
 ) -> KVSegment:
     """The ``KVSegment`` in ``data``: K and V on ``device`` (stored dtype kept), ids and positions on the CPU.
@@ -168,7 +168,7 @@ def decode_segment(
             position_ids=tensors["position_ids"],  # (3, L) long
             kind=meta["segment_kind"],
             digest=meta["digest"],
-            layout=layout,
+            rotary=rotary,
         )
     except ValueError as exc:
         raise CorruptEntryError(f"record does not form a valid segment: {exc}") from exc

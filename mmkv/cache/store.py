@@ -1,7 +1,7 @@
 """The stores: a byte-bounded memory tier over optional lower tiers (disk directories, Redis), keyed by model and
 digest.
 
-``KVStore`` (alias ``ImageKVStore``) keeps language-model KV (``KVSegment``: images, precompiled text), ``EncoderStore`` the vision-tower
+``KVStore`` keeps language-model KV (``KVSegment``: images, precompiled text), ``EncoderStore`` the vision-tower
 outputs (``list[ImageFeatures]``); both are one generic ``TieredStore`` with a different ``StoreCodec``. A
 lookup tries the memory tier (live objects on the model's device), then each lower tier in order (records in
 the ``mmkv.cache.codec`` format, decoded on the handle's device and promoted to memory). Every key is
@@ -27,7 +27,6 @@ from .redis import RedisTier
 
 __all__ = [
     "EncoderStore",
-    "ImageKVStore",
     "KVStore",
     "StoreCodec",
     "StoreStats",
@@ -212,7 +211,7 @@ _SEGMENT_CODEC: StoreCodec[KVSegment] = StoreCodec(
     kind="segment",
     encode=lambda segment, fingerprint, digest: encode_segment(segment, fingerprint),
     decode=lambda data, fingerprint, digest, handle: decode_segment(
-        data, fingerprint, digest, handle.layout, handle.device
+        data, fingerprint, digest, handle.rotary, handle.device
     ),
     nbytes=lambda segment: segment.nbytes,
     check=_check_segment,
@@ -233,16 +232,13 @@ _FEATURES_CODEC: StoreCodec[list[ImageFeatures]] = StoreCodec(
 
 class KVStore(TieredStore[KVSegment]):
     """Language-model KV segments (``KVSegment``, digest equal to the key) per model and content digest: images
-    (``image_digest``) and precompiled text (``text_digest``). ``ImageKVStore`` is the same class.
+    (``image_digest``) and precompiled text (``text_digest``).
 
     ``get(digest, handle) -> KVSegment | None``, ``lookup`` (value and tier), ``put(digest, segment, handle)``,
     ``contains``, ``stats``, ``clear``: see ``TieredStore``. Segments come back at the positions they were stored at (``moved_to`` them).
     """
 
     codec = _SEGMENT_CODEC
-
-
-ImageKVStore = KVStore  # the name it had while it held images only
 
 
 class EncoderStore(TieredStore[list[ImageFeatures]]):

@@ -111,6 +111,6 @@ def prefill_span(
     segment = None
     if keep_segment:
         kind = kind or ("image" if num_pads else "text")
-        segment = segment_from_cache(cache, begin, token_ids, position_ids, handle.layout, kind, digest)
+        segment = segment_from_cache(cache, begin, token_ids, position_ids, handle.rotary, kind, digest)
     weights = tuple(out.attentions) if attentions else None
     return PrefillResult(segment=segment, logits=out.logits[0, -1].float(), cache=cache, attentions=weights)

@@ -42,7 +42,7 @@ class KVSegment:
     position_ids: torch.Tensor  # (3, L) long, CPU: (t, h, w) of each token
     kind: SegmentKind  # "image" if the span holds image pads, else "text"
     digest: str  # content digest of what the span encodes (image or text); "" if unnamed
-    layout: RotaryLayout = field(repr=False)  # rotary layout the keys were rotated with
+    rotary: RotaryLayout = field(repr=False)  # rotary channel layout the keys were rotated with
 
     def __post_init__(self) -> None:
         length = self.token_ids.shape[0]
@@ -100,7 +100,7 @@ class KVSegment:
             return self
         return replace(
             self,
-            keys=rerotate(self.keys, delta, self.layout, axes=axes, from_positions=self.position_ids),
+            keys=rerotate(self.keys, delta, self.rotary, axes=axes, from_positions=self.position_ids),
             position_ids=self.position_ids + delta,
         )
 
@@ -139,7 +139,7 @@ class KVSegment:
             position_ids=torch.cat([s.position_ids for s in segments], dim=1),
             kind=kind,
             digest=digest,
-            layout=segments[0].layout,
+            rotary=segments[0].rotary,
         )
 
 
@@ -158,13 +158,13 @@ def segment_from_cache(
     begin: int,
     token_ids: torch.Tensor,
     position_ids: torch.Tensor,
-    layout: RotaryLayout,
+    rotary: RotaryLayout,
     kind: SegmentKind = "text",
     digest: str = "",
 ) -> KVSegment:
     """The segment stored at cache entries ``[begin, begin + len(token_ids))``. Does not change ``cache``."""
     keys, values = stack_cache(cache, begin, begin + token_ids.shape[0])
-    return KVSegment(keys, values, token_ids.cpu(), position_ids.cpu(), kind, digest, layout)
+    return KVSegment(keys, values, token_ids.cpu(), position_ids.cpu(), kind, digest, rotary)
 
 
 def append_to_cache(cache: DynamicCache, segment: KVSegment) -> None:

@@ -36,7 +36,7 @@ class FamilySpec:
 
     name: str  # "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl" | "qwen3_vl_moe" (the config's model_type)
     model_class: str  # transformers class that loads it
-    layout: str  # rotary layout: "sectioned" | "interleaved"
+    rotary_kind: str  # rotary channel layout: "sectioned" | "interleaved"
     has_deepstack: bool  # vision features injected into early LM layers (Qwen3-VL)
 
 
@@ -102,7 +102,7 @@ class ModelHandle:
     model: PreTrainedModel  # transformers *ForConditionalGeneration
     processor: VLProcessor  # tokenizer + image processor + chat template
     family: FamilySpec  # architecture family
-    layout: RotaryLayout  # rotary channel layout of the language model
+    rotary: RotaryLayout  # rotary channel layout of the language model
     position_rule: PositionRule  # M-RoPE position rule (merge size)
     fingerprint: ModelFingerprint  # config + weights + dtype identity, for cache keys
     position_limit: int | None = None  # a bound on positions other than the config's (with_position_limit)
@@ -113,16 +113,18 @@ class ModelHandle:
     def from_parts(
         cls, name: str, model: PreTrainedModel, processor: VLProcessor, family: FamilySpec
     ) -> ModelHandle:
-        """Build a handle, deriving layout, position rule and fingerprint from the model itself."""
+        """Build a handle, deriving the rotary layout, position rule and fingerprint from the model itself."""
         text_config = model.config.get_text_config()
         rotary = model.model.language_model.rotary_emb
-        layout = rotary_layout_from_config(text_config, family.layout, inv_freq=rotary.inv_freq)
+        rotary_layout = rotary_layout_from_config(text_config, family.rotary_kind, inv_freq=rotary.inv_freq)
         merge = int(model.config.vision_config.spatial_merge_size)
         if merge != processor.merge_size:
             raise ValueError(
                 f"model merge size {merge} differs from the image processor's {processor.merge_size}"
             )
-        return cls(name, model, processor, family, layout, PositionRule(merge), model_fingerprint(model))
+        return cls(
+            name, model, processor, family, rotary_layout, PositionRule(merge), model_fingerprint(model)
+        )
 
     @property
     def tokenizer(self):
@@ -152,7 +154,7 @@ class ModelHandle:
     @functools.cached_property
     def kv_shape(self) -> tuple[int, int, int]:
         """``(layers, kv heads, head_dim)`` of every KV segment this model makes."""
-        return self.num_layers, int(self.text_config.num_key_value_heads), int(self.layout.head_dim)
+        return self.num_layers, int(self.text_config.num_key_value_heads), int(self.rotary.head_dim)
 
     @property
     def max_positions(self) -> int:

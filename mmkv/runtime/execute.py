@@ -129,7 +129,7 @@ def place_splices(splices: Sequence[Splice], positions: torch.Tensor, policy: Tu
         return replace(joined, position_ids=target.clone())
     delta = target - joined.position_ids  # (3, S): uniform per segment under the transformers rule
     keys = rerotate(
-        joined.keys, delta, joined.layout, axes=policy.rotate_axes, from_positions=joined.position_ids
+        joined.keys, delta, joined.rotary, axes=policy.rotate_axes, from_positions=joined.position_ids
     )
     return replace(joined, keys=keys, position_ids=target.clone())
 

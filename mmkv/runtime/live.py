@@ -148,7 +148,7 @@ class LiveCache:
             begin,
             self.token_ids[begin:end],
             self.positions[:, begin:end],
-            self.handle.layout,
+            self.handle.rotary,
             kind,
             digest,
         )

@@ -24,6 +24,7 @@ from typing import Literal, Protocol
 
 import torch
 
+from ..cache.store import StoreTier
 from ..conversation import ConversationImage
 from ..errors import StoreMismatchError
 from ..kv.segment import KVSegment
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 ReusePolicy = Literal["kv", "encoder", "none"]
-SourceKind = Literal["live", "memory", "disk", "redis", "computed"]
+SourceKind = Literal["live", "computed"] | StoreTier  # where an image's KV came from
 
 
 @dataclass(frozen=True)

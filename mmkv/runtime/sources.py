@@ -18,10 +18,10 @@ part of the time to first token. Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
-from ..cache import EncoderStore, ImageKVStore, image_digest
+from ..cache import EncoderStore, KVStore, image_digest
 from ..cache.memory import MemoryTier
+from ..cache.store import StoreTier
 from ..conversation import ConversationImage
 from ..errors import StoreMismatchError
 from ..images import ImageSource, load_image
@@ -33,8 +33,6 @@ from .live import LiveCache
 from .plan import ReusePolicy, StoreWrite
 
 __all__ = ["TurnSources", "inputs_nbytes", "prepare_image", "preprocess"]
-
-Tier = Literal["memory", "disk"]
 
 
 def preprocess(handle: ModelHandle, image: ConversationImage) -> ImageInputs:
@@ -72,7 +70,7 @@ class TurnSources:
     def __init__(
         self,
         handle: ModelHandle,
-        kv_store: ImageKVStore,
+        kv_store: KVStore,
         encoder_store: EncoderStore,
         reuse: ReusePolicy,
         pixels: MemoryTier | None = None,
@@ -86,7 +84,7 @@ class TurnSources:
         self._features: dict[str, tuple[list[ImageFeatures], str]] = {}  # digest -> (features, tier)
         self._feature_puts: list[tuple[str, list[ImageFeatures]]] = []  # computed this turn, to store
 
-    def kv(self, image: ConversationImage) -> tuple[KVSegment | None, Tier | None]:
+    def kv(self, image: ConversationImage) -> tuple[KVSegment | None, StoreTier | None]:
         """The image's stored KV and the tier that had it, or ``(None, None)``. Raises ``StoreMismatchError`` when
         the store hands back KV this model could not have made for it."""
         if self.reuse != "kv":

@@ -226,7 +226,9 @@ class ToolCallStream:
     def finish(self) -> list[StreamPiece]:
         """The answer ended: what is left (an unclosed block: its arguments so far when trusted, else content)."""
         out: list[StreamPiece] = []
-        if self._in_block and self.trusted and self._head_done:  # cut short (the budget): its arguments so far
+        if (
+            self._in_block and self.trusted and self._head_done
+        ):  # cut short (the budget): its arguments so far
             pending = self._pending
             cut = next((k for k in range(len(_TAIL), 0, -1) if pending.endswith(_TAIL[:k])), 0)
             if pending[: len(pending) - cut]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 
 from ..cache.digest import text_digest
-from ..cache.store import ImageKVStore
+from ..cache.store import KVStore
 from ..conversation import check_text
 from ..fields import fill_template, validate_fields
 from ..kv.prefill import prefill_span
@@ -56,14 +56,14 @@ def precompile(
     text: str,
     fields: dict[str, str] | None = None,
     *,
-    store: ImageKVStore | None = None,
+    store: KVStore | None = None,
     preamble: str | None = None,
     role: str = "user",
 ) -> TextSegment:
     """The KV of ``text`` (with ``fields`` filled in, see ``Session.add_text``) computed right after
     ``preamble`` (default: ``canonical_preamble(model, role)``), at the positions that follow it.
 
-    With a ``store`` (the same ``ImageKVStore`` that holds images), the segment is looked up first under a
+    With a ``store`` (the same ``KVStore`` that holds images), the segment is looked up first under a
     digest of its token ids, the preamble and the model fingerprint, and stored after computing.
     Raises ``ValueError`` for empty text or a preamble whose last token would merge with the text.
     """

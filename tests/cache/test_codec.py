@@ -47,17 +47,17 @@ def _payload_middle(data: bytes) -> int:
 def test_segment_round_trip_is_bit_exact(tiny, segment):
     """encode_segment -> decode_segment returns identical tensors, kind and digest, with the handle's layout."""
     back = decode_segment(
-        encode_segment(segment, tiny.fingerprint), tiny.fingerprint, segment.digest, tiny.layout, "cpu"
+        encode_segment(segment, tiny.fingerprint), tiny.fingerprint, segment.digest, tiny.rotary, "cpu"
     )
     assert_same_segment(back, segment)
-    assert back.layout is tiny.layout and back.token_ids.dtype == torch.long
+    assert back.rotary is tiny.rotary and back.token_ids.dtype == torch.long
 
 
 def test_bfloat16_and_strided_tensors_round_trip(tiny, segment):
     """bfloat16 K/V and non-contiguous views come back byte for byte (dtype and layout normalised, values kept)."""
     bf16 = replace(segment, keys=segment.keys.to(torch.bfloat16), values=segment.values.to(torch.bfloat16))
     back = decode_segment(
-        encode_segment(bf16, tiny.fingerprint), tiny.fingerprint, bf16.digest, tiny.layout, "cpu"
+        encode_segment(bf16, tiny.fingerprint), tiny.fingerprint, bf16.digest, tiny.rotary, "cpu"
     )
     assert back.keys.dtype == torch.bfloat16
     assert_same_segment(back, bf16)
@@ -65,7 +65,7 @@ def test_bfloat16_and_strided_tensors_round_trip(tiny, segment):
     strided = replace(segment, keys=segment.keys.transpose(3, 4).contiguous().transpose(3, 4))
     assert not strided.keys.is_contiguous()
     back = decode_segment(
-        encode_segment(strided, tiny.fingerprint), tiny.fingerprint, strided.digest, tiny.layout, "cpu"
+        encode_segment(strided, tiny.fingerprint), tiny.fingerprint, strided.digest, tiny.rotary, "cpu"
     )
     assert_same_segment(back, segment)
 
@@ -92,7 +92,7 @@ def test_truncated_records_are_rejected(tiny, segment):
     data = encode_segment(segment, tiny.fingerprint)
     for size in (0, 5, 8, 20, len(data) // 2, len(data) - 1):
         with pytest.raises(CorruptEntryError, match="truncated or unparseable"):
-            decode_segment(data[:size], tiny.fingerprint, segment.digest, tiny.layout, "cpu")
+            decode_segment(data[:size], tiny.fingerprint, segment.digest, tiny.rotary, "cpu")
 
 
 def test_flipped_payload_byte_fails_the_checksum(tiny, segment):
@@ -100,7 +100,7 @@ def test_flipped_payload_byte_fails_the_checksum(tiny, segment):
     data = bytearray(encode_segment(segment, tiny.fingerprint))
     data[_payload_middle(bytes(data))] ^= 0x01
     with pytest.raises(CorruptEntryError, match="checksum mismatch"):
-        decode_segment(bytes(data), tiny.fingerprint, segment.digest, tiny.layout, "cpu")
+        decode_segment(bytes(data), tiny.fingerprint, segment.digest, tiny.rotary, "cpu")
 
 
 def test_wrong_fingerprint_digest_kind_or_version_are_rejected(tiny, segment):
@@ -108,9 +108,9 @@ def test_wrong_fingerprint_digest_kind_or_version_are_rejected(tiny, segment):
     version each raise CorruptEntryError naming what failed."""
     data = encode_segment(segment, tiny.fingerprint)
     with pytest.raises(CorruptEntryError, match="fingerprint mismatch"):
-        decode_segment(data, "0" * 64, segment.digest, tiny.layout, "cpu")
+        decode_segment(data, "0" * 64, segment.digest, tiny.rotary, "cpu")
     with pytest.raises(CorruptEntryError, match="digest mismatch"):
-        decode_segment(data, tiny.fingerprint, "f" * 64, tiny.layout, "cpu")
+        decode_segment(data, tiny.fingerprint, "f" * 64, tiny.rotary, "cpu")
     with pytest.raises(CorruptEntryError, match="kind mismatch"):
         decode_features(data, tiny.fingerprint, segment.digest, "cpu")
     (size,) = struct.unpack("<Q", data[:8])
@@ -120,7 +120,7 @@ def test_wrong_fingerprint_digest_kind_or_version_are_rejected(tiny, segment):
     new_header = json.dumps(header).encode()
     forged = struct.pack("<Q", len(new_header)) + new_header + data[8 + size :]
     with pytest.raises(CorruptEntryError, match="unknown record format version 99"):
-        decode_segment(forged, tiny.fingerprint, segment.digest, tiny.layout, "cpu")
+        decode_segment(forged, tiny.fingerprint, segment.digest, tiny.rotary, "cpu")
 
 
 def test_corrupt_entry_error_is_a_value_error():

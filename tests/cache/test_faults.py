@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import mmkv
-from mmkv.cache import ImageKVStore
+from mmkv.cache import KVStore
 from mmkv.cache.disk import ORPHAN_AGE_S, DiskTier
 from tests.conftest import random_image
 
@@ -116,7 +116,7 @@ def test_a_file_where_the_directory_should_be_is_a_clear_error(tmp_path):
     path = tmp_path / "store"
     path.write_bytes(b"not a directory")
     with pytest.raises(mmkv.StoreUnavailableError, match="is a file, not a directory"):
-        ImageKVStore(path)
+        KVStore(path)
     assert path.read_bytes() == b"not a directory"
 
 
@@ -130,14 +130,14 @@ def test_a_corrupt_index_is_a_clear_error(tmp_path, damage):
     index.write_bytes(b"\x00garbage" * 512 if damage == "garbage" else b"SQLite format 3\x00" + b"\xff" * 84)
     assert len(data) > 0
     with pytest.raises(mmkv.StoreUnavailableError, match="corrupt"):
-        ImageKVStore(path)
+        KVStore(path)
 
 
 def test_a_read_only_store_is_a_clear_error_or_opens(tmp_path):
     """A store on a read-only mount: opening raises StoreUnavailableError (nothing written anywhere)."""
     with _tmpfs(tmp_path / "ro", "1m", "ro") as mount:
         with pytest.raises(mmkv.StoreUnavailableError, match="cannot open the store directory"):
-            ImageKVStore(mount / "store")
+            KVStore(mount / "store")
         assert list(mount.iterdir()) == []
 
 
@@ -145,7 +145,7 @@ def test_a_full_disk_fails_no_read_or_write_and_opening_says_so(tiny, tmp_path):
     """On a full tmpfs: hits and misses never raise (a fault is a counted miss), writes are counted, a turn's
     logits equal full recompute, and opening a new store there raises StoreUnavailableError "disk is full"."""
     with _tmpfs(tmp_path / "full", "3m") as mount:
-        store = ImageKVStore(mount / "store")
+        store = KVStore(mount / "store")
         assert store._disk.max_bytes <= 0.9 * (3 << 20)  # the default bound follows the free space
         image = random_image(5, (4, 6), tiny.processor.patch_size)
         warm = mmkv.Session(tiny, store=store)
@@ -165,14 +165,14 @@ def test_a_full_disk_fails_no_read_or_write_and_opening_says_so(tiny, tmp_path):
         stats = store.stats().disk
         assert stats.write_errors + stats.read_errors >= 1
         with pytest.raises(mmkv.StoreUnavailableError, match="disk is full"):
-            ImageKVStore(mount / "second")
+            KVStore(mount / "second")
 
 
 def test_a_deleted_directory_stops_disk_writes_and_turns_go_on(tiny, tmp_path):
     """The directory removed mid-session: the next write is refused and counted (lost), nothing is recreated
     there, and turns still answer exactly as full recompute."""
     path = tmp_path / "store"
-    store = ImageKVStore(path)
+    store = KVStore(path)
     session = mmkv.Session(tiny, store=store)
     session.add_image(random_image(7, (4, 6), tiny.processor.patch_size))
     session.next_token_logits("first?")

@@ -48,7 +48,7 @@ def test_segments_round_trip_byte_for_byte(tiny, redis_server, dtype):
         0, None, "image", "d" * 64
     )
     segment = mmkv.KVSegment(segment.keys.to(dtype), segment.values.to(dtype), segment.token_ids,
-                             segment.position_ids, "image", "d" * 64, segment.layout)  # fmt: skip
+                             segment.position_ids, "image", "d" * 64, segment.rotary)  # fmt: skip
     writer = _fresh(tiny, redis_server.url)
     writer._tiers[0][1].chunk_bytes = 4096  # several chunks
     writer.put(segment.digest, segment, tiny)

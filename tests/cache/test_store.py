@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmkv.cache import EncoderStore, ImageKVStore, image_digest
+from mmkv.cache import EncoderStore, KVStore, image_digest
 from mmkv.kv import ImageFeatures, KVSegment, encode_images, image_span, prefill_span, text_span
 from tests.conftest import random_image, random_text_ids
 
@@ -62,11 +62,11 @@ def _payload_middle(data: bytes) -> int:
 
 def test_disk_round_trip_is_bit_exact(tiny, segment, tmp_path):
     """A segment put by one store is read back bit-exact by a new store on the same directory (memory empty)."""
-    ImageKVStore(tmp_path).put(segment.digest, segment, tiny)
-    fresh = ImageKVStore(tmp_path)
+    KVStore(tmp_path).put(segment.digest, segment, tiny)
+    fresh = KVStore(tmp_path)
     assert fresh.stats().memory.entries == 0
     back = fresh.get(segment.digest, tiny)
-    assert back is not None and back.layout is tiny.layout
+    assert back is not None and back.rotary is tiny.rotary
     _assert_same_segment(back, segment)
     stats = fresh.stats()
     assert (stats.memory.misses, stats.disk.hits, stats.memory.entries) == (1, 1, 1)  # promoted to memory
@@ -75,8 +75,8 @@ def test_disk_round_trip_is_bit_exact(tiny, segment, tmp_path):
 
 def test_lookup_names_the_tier_that_answered(tiny, segment, tmp_path):
     """lookup returns (value, "disk") for a record read from disk, then (value, "memory"), (None, None) if absent."""
-    ImageKVStore(tmp_path).put(segment.digest, segment, tiny)
-    store = ImageKVStore(tmp_path)
+    KVStore(tmp_path).put(segment.digest, segment, tiny)
+    store = KVStore(tmp_path)
     from_disk, tier = store.lookup(segment.digest, tiny)
     assert tier == "disk" and from_disk is not None
     assert store.lookup(segment.digest, tiny) == (from_disk, "memory")
@@ -88,8 +88,8 @@ def test_lookup_names_the_tier_that_answered(tiny, segment, tmp_path):
 def test_bfloat16_disk_round_trip_is_bit_exact(tiny, segment, tmp_path):
     """bfloat16 K/V survive the disk tier byte for byte."""
     bf16 = replace(segment, keys=segment.keys.to(torch.bfloat16), values=segment.values.to(torch.bfloat16))
-    ImageKVStore(tmp_path).put(bf16.digest, bf16, tiny)
-    back = ImageKVStore(tmp_path).get(bf16.digest, tiny)
+    KVStore(tmp_path).put(bf16.digest, bf16, tiny)
+    back = KVStore(tmp_path).get(bf16.digest, tiny)
     assert back is not None and back.keys.dtype == torch.bfloat16
     _assert_same_segment(back, bf16)
 
@@ -112,17 +112,17 @@ def test_features_disk_round_trip(tiny, tmp_path):
 def test_kv_and_encoder_stores_share_a_directory(tiny, segment, tmp_path):
     """A segment and the features of the same digest live side by side in one directory under distinct keys."""
     features = [ImageFeatures(embeds=torch.ones(6, 4), deepstack=())]
-    ImageKVStore(tmp_path).put(segment.digest, segment, tiny)
+    KVStore(tmp_path).put(segment.digest, segment, tiny)
     EncoderStore(tmp_path).put(segment.digest, features, tiny)
-    assert ImageKVStore(tmp_path).get(segment.digest, tiny) is not None
+    assert KVStore(tmp_path).get(segment.digest, tiny) is not None
     back = EncoderStore(tmp_path).get(segment.digest, tiny)
     assert back is not None and torch.equal(back[0].embeds, features[0].embeds)
-    assert ImageKVStore(tmp_path).stats().disk.entries == 2
+    assert KVStore(tmp_path).stats().disk.entries == 2
 
 
 def test_memory_only_store(tiny, segment):
     """Without a path there is no disk tier: stats().disk is None and values are held in memory only."""
-    store = ImageKVStore()
+    store = KVStore()
     assert store.get(segment.digest, tiny) is None
     store.put(segment.digest, segment, tiny)
     assert store.get(segment.digest, tiny) is segment
@@ -132,7 +132,7 @@ def test_memory_only_store(tiny, segment):
 
 def test_put_rejects_a_segment_named_otherwise(tiny, segment):
     """put raises ValueError when the segment's own digest differs from the key, and stores nothing."""
-    store = ImageKVStore()
+    store = KVStore()
     with pytest.raises(ValueError, match="digest"):
         store.put("0" * 64, segment, tiny)
     assert not store.contains("0" * 64, tiny) and store.stats().memory.entries == 0
@@ -144,7 +144,7 @@ def test_put_rejects_a_segment_named_otherwise(tiny, segment):
 def test_memory_eviction_respects_the_byte_bound(tiny, segment):
     """With room for 2.5 segments, at most 2 are held and the least recently used one leaves first."""
     max_bytes = int(2.5 * segment.nbytes)
-    store = ImageKVStore(max_bytes=max_bytes)
+    store = KVStore(max_bytes=max_bytes)
     a, b, c, d = (replace(segment, digest=f"{i:064x}") for i in range(4))
     store.put(a.digest, a, tiny)
     store.put(b.digest, b, tiny)
@@ -160,7 +160,7 @@ def test_memory_eviction_respects_the_byte_bound(tiny, segment):
 
 def test_value_larger_than_the_memory_bound_is_not_held(tiny, segment, tmp_path):
     """A segment over max_bytes is not held in memory (nothing is evicted for it) but still goes to disk."""
-    store = ImageKVStore(tmp_path, max_bytes=segment.nbytes - 1)
+    store = KVStore(tmp_path, max_bytes=segment.nbytes - 1)
     store.put(segment.digest, segment, tiny)
     stats = store.stats()
     assert (stats.memory.entries, stats.memory.bytes, stats.memory.evictions) == (0, 0, 0)
@@ -174,7 +174,7 @@ def test_value_larger_than_the_memory_bound_is_not_held(tiny, segment, tmp_path)
 def test_corrupted_record_is_detected_and_dropped(tiny, segment, tmp_path, damage):
     """A record truncated or with one payload byte flipped (written through diskcache) reads as a miss:
     counted once as corrupt, deleted, then an ordinary miss; a recomputed put serves again."""
-    ImageKVStore(tmp_path).put(segment.digest, segment, tiny)
+    KVStore(tmp_path).put(segment.digest, segment, tiny)
     key = _only_key(tmp_path)
     assert key.startswith(tiny.fingerprint) and key.endswith(segment.digest)
     with diskcache.Cache(str(tmp_path)) as cache:
@@ -185,7 +185,7 @@ def test_corrupted_record_is_detected_and_dropped(tiny, segment, tmp_path, damag
             flipped = bytearray(data)
             flipped[_payload_middle(data)] ^= 0x40
             cache[key] = bytes(flipped)
-    store = ImageKVStore(tmp_path)
+    store = KVStore(tmp_path)
     assert store.get(segment.digest, tiny) is None
     stats = store.stats().disk
     assert (stats.corrupt, stats.hits, stats.entries) == (1, 0, 0)
@@ -193,7 +193,7 @@ def test_corrupted_record_is_detected_and_dropped(tiny, segment, tmp_path, damag
     stats = store.stats().disk
     assert (stats.corrupt, stats.misses) == (1, 1)
     store.put(segment.digest, segment, tiny)  # the caller recomputed
-    _assert_same_segment(ImageKVStore(tmp_path).get(segment.digest, tiny), segment)
+    _assert_same_segment(KVStore(tmp_path).get(segment.digest, tiny), segment)
 
 
 def test_truncated_value_file_is_detected(tiny, tmp_path):
@@ -201,11 +201,11 @@ def test_truncated_value_file_is_detected(tiny, tmp_path):
     ids, pos = text_span(random_text_ids(tiny, np.random.default_rng(0), 80), 0)
     big = prefill_span(tiny, ids, pos, digest="a" * 64).segment
     assert big.nbytes > 40_000
-    ImageKVStore(tmp_path).put(big.digest, big, tiny)
+    KVStore(tmp_path).put(big.digest, big, tiny)
     files = list(Path(tmp_path).rglob("*.val"))
     assert len(files) == 1
     os.truncate(files[0], files[0].stat().st_size // 2)
-    store = ImageKVStore(tmp_path)
+    store = KVStore(tmp_path)
     assert store.get(big.digest, tiny) is None
     assert store.stats().disk.corrupt == 1 and not files[0].exists()
     assert store.get(big.digest, tiny) is None and store.stats().disk.misses == 1
@@ -215,13 +215,13 @@ def test_missing_value_file_is_a_miss_and_a_new_put_repairs_it(tiny, tmp_path):
     """A .val file deleted behind diskcache's back reads as a plain miss; the recomputed put writes it again."""
     ids, pos = text_span(random_text_ids(tiny, np.random.default_rng(1), 80), 0)
     big = prefill_span(tiny, ids, pos, digest="c" * 64).segment
-    ImageKVStore(tmp_path).put(big.digest, big, tiny)
+    KVStore(tmp_path).put(big.digest, big, tiny)
     (file,) = Path(tmp_path).rglob("*.val")
     file.unlink()
-    store = ImageKVStore(tmp_path)
+    store = KVStore(tmp_path)
     assert store.get(big.digest, tiny) is None and store.stats().disk.misses == 1
     store.put(big.digest, big, tiny)
-    _assert_same_segment(ImageKVStore(tmp_path).get(big.digest, tiny), big)
+    _assert_same_segment(KVStore(tmp_path).get(big.digest, tiny), big)
 
 
 class _Tripwire:
@@ -237,12 +237,12 @@ class _Tripwire:
 def test_a_pickled_entry_is_never_unpickled(tiny, segment, tmp_path):
     """An entry diskcache stored pickled (someone else wrote an object under our key) is dropped as corrupt
     without being unpickled."""
-    ImageKVStore(tmp_path).put(segment.digest, segment, tiny)
+    KVStore(tmp_path).put(segment.digest, segment, tiny)
     key = _only_key(tmp_path)
     marker = tmp_path / "unpickled"
     with diskcache.Cache(str(tmp_path)) as cache:
         cache[key] = _Tripwire(marker)
-    store = ImageKVStore(tmp_path)
+    store = KVStore(tmp_path)
     assert store.get(segment.digest, tiny) is None
     assert not marker.exists()
     assert store.stats().disk.corrupt == 1 and store.stats().disk.entries == 0
@@ -257,8 +257,8 @@ def test_entries_are_never_served_to_another_model(tiny_by_name, tmp_path, caplo
     a, b = tiny_by_name["tiny-qwen2.5-vl"], tiny_by_name["tiny-qwen3-vl"]
     assert a.fingerprint != b.fingerprint
     seg = _image_segment(a)
-    ImageKVStore(tmp_path).put(seg.digest, seg, a)
-    store = ImageKVStore(tmp_path)
+    KVStore(tmp_path).put(seg.digest, seg, a)
+    store = KVStore(tmp_path)
     assert not store.contains(seg.digest, b)
     assert store.get(seg.digest, b) is None
     assert (store.stats().disk.misses, store.stats().disk.corrupt) == (1, 0)
@@ -267,7 +267,7 @@ def test_entries_are_never_served_to_another_model(tiny_by_name, tmp_path, caplo
     assert key_b != key_a
     with diskcache.Cache(str(tmp_path)) as cache:
         cache[key_b] = cache[key_a]
-    store = ImageKVStore(tmp_path)
+    store = KVStore(tmp_path)
     with caplog.at_level(logging.WARNING, logger="mmkv.cache"):
         assert store.get(seg.digest, b) is None
     assert store.stats().disk.corrupt == 1 and "fingerprint mismatch" in caplog.text
@@ -354,7 +354,7 @@ def test_two_processes_share_one_directory(tmp_path):
 
 def test_disk_full_write_is_counted_not_raised(tiny, segment, tmp_path, monkeypatch, caplog):
     """ENOSPC on the disk write: put does not raise, write_errors == 1, and memory still serves the segment."""
-    store = ImageKVStore(tmp_path)
+    store = KVStore(tmp_path)
 
     def disk_full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -365,13 +365,13 @@ def test_disk_full_write_is_counted_not_raised(tiny, segment, tmp_path, monkeypa
     assert store.stats().disk.write_errors == 1 and "No space left" in caplog.text
     assert store.get(segment.digest, tiny) is segment
     assert store.stats().memory.hits == 1 and store.stats().disk.entries == 0
-    assert ImageKVStore(tmp_path).get(segment.digest, tiny) is None  # nothing reached the directory
+    assert KVStore(tmp_path).get(segment.digest, tiny) is None  # nothing reached the directory
 
 
 def test_contains_changes_no_counter(tiny, segment, tmp_path):
     """contains answers for memory, disk-only and absent entries without touching any counter."""
-    ImageKVStore(tmp_path).put(segment.digest, segment, tiny)
-    store = ImageKVStore(tmp_path)
+    KVStore(tmp_path).put(segment.digest, segment, tiny)
+    store = KVStore(tmp_path)
     before = store.stats()
     assert store.contains(segment.digest, tiny)  # on disk only
     assert not store.contains("0" * 64, tiny)
@@ -384,7 +384,7 @@ def test_contains_changes_no_counter(tiny, segment, tmp_path):
 
 def test_clear_empties_both_tiers(tiny, segment, tmp_path):
     """clear drops every entry from memory and from the directory; a new store finds nothing."""
-    store = ImageKVStore(tmp_path)
+    store = KVStore(tmp_path)
     other = replace(segment, digest="b" * 64)
     store.put(segment.digest, segment, tiny)
     store.put(other.digest, other, tiny)
@@ -393,6 +393,6 @@ def test_clear_empties_both_tiers(tiny, segment, tmp_path):
     stats = store.stats()
     assert (stats.memory.entries, stats.memory.bytes, stats.disk.entries) == (0, 0, 0)
     assert not store.contains(segment.digest, tiny) and not store.contains(other.digest, tiny)
-    assert ImageKVStore(tmp_path).get(segment.digest, tiny) is None
+    assert KVStore(tmp_path).get(segment.digest, tiny) is None
     with diskcache.Cache(str(tmp_path)) as cache:
         assert len(cache) == 0

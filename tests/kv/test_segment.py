@@ -37,7 +37,7 @@ def test_cache_round_trip_is_bit_exact(tiny, image_segment):
     cache = segments_to_cache([image_segment], tiny.text_config)
     assert cache.get_seq_length() == image_segment.length
     back = segment_from_cache(
-        cache, 0, image_segment.token_ids, image_segment.position_ids, tiny.layout, "image"
+        cache, 0, image_segment.token_ids, image_segment.position_ids, tiny.rotary, "image"
     )
     assert torch.equal(back.keys, image_segment.keys) and torch.equal(back.values, image_segment.values)
 
@@ -63,7 +63,7 @@ def test_invalid_segments_raise(tiny, image_segment):
             torch.zeros(3, 0, dtype=torch.long),
             "text",
             "",
-            tiny.layout,
+            tiny.rotary,
         )
     with pytest.raises(ValueError, match="positions"):
         KVSegment(
@@ -73,5 +73,5 @@ def test_invalid_segments_raise(tiny, image_segment):
             image_segment.position_ids[:, :-1],
             "image",
             "",
-            tiny.layout,
+            tiny.rotary,
         )

@@ -19,12 +19,12 @@ from tests.conftest import random_image
 def test_tiny_handles_expose_family_layout_rule_and_fingerprint(tiny_by_name):
     """Both tiny models report their family, layout, position rule, dtype, device and a 64-hex fingerprint."""
     q25, q3 = tiny_by_name["tiny-qwen2.5-vl"], tiny_by_name["tiny-qwen3-vl"]
-    assert (q25.family.name, q25.layout.kind, q25.layout.mrope_section) == (
+    assert (q25.family.name, q25.rotary.kind, q25.rotary.mrope_section) == (
         "qwen2_5_vl",
         "sectioned",
         (2, 3, 3),
     )
-    assert (q3.family.name, q3.layout.kind, q3.layout.mrope_section) == ("qwen3_vl", "interleaved", (4, 2, 2))
+    assert (q3.family.name, q3.rotary.kind, q3.rotary.mrope_section) == ("qwen3_vl", "interleaved", (4, 2, 2))
     for handle in (q25, q3):
         assert handle.position_rule.merge_size == 2
         assert handle.dtype == torch.float32 and handle.device.type == "cpu"

@@ -60,4 +60,4 @@ def test_channel_axes_match_real_size_rotary(kind, config, rotary_class):
 def test_channel_axes_match_tiny_models(tiny):
     """For the tiny models too (sections [2, 3, 3] and [4, 2, 2])."""
     rotary = tiny.model.model.language_model.rotary_emb
-    assert torch.equal(_axes_driving_each_channel(rotary, tiny.layout.head_dim), tiny.layout.channel_axes())
+    assert torch.equal(_axes_driving_each_channel(rotary, tiny.rotary.head_dim), tiny.rotary.channel_axes())

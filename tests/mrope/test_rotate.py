@@ -25,8 +25,8 @@ def _model_rope(rotary, raw_keys: torch.Tensor, positions: torch.Tensor) -> torc
 def rotary_and_layout(request, tiny):
     """The tiny model's rotary embedding, or a real-size one of the same layout."""
     if request.param == "tiny":
-        return tiny.model.model.language_model.rotary_emb, tiny.layout
-    kind = tiny.layout.kind
+        return tiny.model.model.language_model.rotary_emb, tiny.rotary
+    kind = tiny.rotary.kind
     _, config, rotary_class = next(c for c in _real_configs() if c[0] == kind)
     return rotary_class(config), rotary_layout_from_config(config, kind)
 
@@ -86,19 +86,19 @@ def test_uniform_shift_is_exact_and_temporal_only_is_not(rotary_and_layout):
 
 def test_zero_delta_is_identity_and_shifts_compose(tiny):
     """delta 0 returns the keys bit for bit; moving by a then b equals moving by a + b (fp32 rounding)."""
-    keys = torch.randn(2, 1, 2, 9, tiny.layout.head_dim, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(rerotate(keys, 0, tiny.layout), keys)
-    two_steps = rerotate(rerotate(keys, 40, tiny.layout), -17, tiny.layout)
-    assert (two_steps - rerotate(keys, 23, tiny.layout)).abs().max().item() <= 1e-5
+    keys = torch.randn(2, 1, 2, 9, tiny.rotary.head_dim, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(rerotate(keys, 0, tiny.rotary), keys)
+    two_steps = rerotate(rerotate(keys, 40, tiny.rotary), -17, tiny.rotary)
+    assert (two_steps - rerotate(keys, 23, tiny.rotary)).abs().max().item() <= 1e-5
 
 
 def test_batched_over_layers_equals_one_layer_at_a_time_and_keeps_dtype(tiny):
     """One call over (layers, ...) equals per-layer calls; bf16 in gives bf16 out, input untouched."""
-    keys = torch.randn(3, 1, 2, 5, tiny.layout.head_dim).to(torch.bfloat16)
+    keys = torch.randn(3, 1, 2, 5, tiny.rotary.head_dim).to(torch.bfloat16)
     before = keys.clone()
-    moved = rerotate(keys, (3, -2, 7), tiny.layout)
+    moved = rerotate(keys, (3, -2, 7), tiny.rotary)
     assert moved.dtype == torch.bfloat16 and torch.equal(keys, before)
-    per_layer = torch.stack([rerotate(k, (3, -2, 7), tiny.layout) for k in keys])
+    per_layer = torch.stack([rerotate(k, (3, -2, 7), tiny.rotary) for k in keys])
     assert torch.equal(moved, per_layer)
 
 
@@ -106,10 +106,10 @@ def test_batched_over_layers_equals_one_layer_at_a_time_and_keeps_dtype(tiny):
 def test_bad_delta_shape_raises(tiny, bad_delta):
     """A delta that is neither scalar, (3,) nor (3, L) raises ValueError."""
     with pytest.raises(ValueError):
-        rerotate(torch.zeros(1, 1, 1, 5, tiny.layout.head_dim), bad_delta, tiny.layout)
+        rerotate(torch.zeros(1, 1, 1, 5, tiny.rotary.head_dim), bad_delta, tiny.rotary)
 
 
 def test_wrong_head_dim_raises(tiny):
     """Keys of another head_dim raise ValueError naming both sizes."""
     with pytest.raises(ValueError, match="head_dim"):
-        rerotate(torch.zeros(1, 1, 1, 5, tiny.layout.head_dim + 2), 1, tiny.layout)
+        rerotate(torch.zeros(1, 1, 1, 5, tiny.rotary.head_dim + 2), 1, tiny.rotary)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 import mmkv
-from mmkv.cache import ImageKVStore
+from mmkv.cache import KVStore
 from mmkv.kv import prefill_span
 from mmkv.kv.spans import text_span
 from mmkv.text import TextSegment, canonical_preamble, precompile
@@ -62,10 +62,10 @@ def test_moved_equals_prefilling_at_the_new_position_after_the_same_preamble(tin
 
 
 def test_precompiled_segments_share_the_image_store(tiny, tmp_path):
-    store = ImageKVStore(tmp_path / "kv")
+    store = KVStore(tmp_path / "kv")
     first = precompile(tiny, SKILL, {"button": "Close"}, store=store)
     assert store.stats().memory.entries == 1 and store.stats().memory.misses == 1
-    again = precompile(tiny, SKILL, {"button": "Close"}, store=ImageKVStore(tmp_path / "kv"))  # from disk
+    again = precompile(tiny, SKILL, {"button": "Close"}, store=KVStore(tmp_path / "kv"))  # from disk
     assert torch.equal(again.keys, first.keys) and torch.equal(again.values, first.values)
     assert again.digest == first.digest and again.text == first.text
     other = precompile(tiny, SKILL, {"button": "Cancel"}, store=store)
