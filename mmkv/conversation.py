@@ -22,6 +22,7 @@ The conversation knows nothing about tokens or KV: ``mmkv.prompt`` renders it, `
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -41,6 +42,7 @@ from .messages import (
     check_role,
     check_text,
 )
+from .toolcalls import ArgumentsPiece, CallStart, ToolCallStream
 
 if TYPE_CHECKING:
     from .kv.segment import KVSegment
@@ -235,6 +237,43 @@ class Conversation:
             self.messages[-1] = replace(last, responses=(*last.responses, (tool_call_id, 0)))
         else:
             self.messages.append(Message("tool", (), responses=((tool_call_id, 0),)))
+
+    def add_tool_result(self, tool_call_id: str, text: str, images: Sequence[ConversationImage] = ()) -> None:
+        """Append the result of call ``tool_call_id``: ``text`` then ``images``; all or nothing."""
+        state = self.snapshot()
+        try:
+            self.add_tool_response(tool_call_id)
+            if text or not images:
+                self.add_text(text, "tool")
+            for image in images:
+                self.add_image(image, "tool")
+        except BaseException:
+            self.restore(state)
+            raise
+
+    def add_answer(self, text: str, trusted: bool = False) -> tuple[ToolCall, ...]:
+        """Append an assistant answer: with tools declared, one made of ``<tool_call>`` blocks as the calls it
+        makes (ids new, arguments as written; ``trusted``: a grammar wrote them, see ``ToolCallStream``), which
+        come back; otherwise (or when a block is not a call) as text."""
+        calls: dict[int, list[str]] = {}
+        content: list[str] = []
+        if self.tools_json:
+            stream = ToolCallStream(trusted)
+            for piece in stream.feed(text) + stream.finish():
+                if isinstance(piece, CallStart):
+                    calls[piece.index] = [piece.name, ""]
+                elif isinstance(piece, ArgumentsPiece):
+                    calls[piece.index][1] += piece.text
+                else:
+                    content.append(piece.text)
+        if not calls:
+            self.add_text(text, "assistant")
+            return ()
+        made = tuple(
+            ToolCall(f"call_{uuid.uuid4().hex[:24]}", n, a) for n, a in (calls[i] for i in sorted(calls))
+        )
+        self.add_tool_calls(made, "".join(content))
+        return made
 
     def set_field(self, name: str, value: str) -> None:
         """Give field ``name`` the new ``value`` (its item's text re-filled). ``KeyError`` for an unknown field,

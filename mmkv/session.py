@@ -1,13 +1,9 @@
 """``Session``: a multi-turn conversation over one model that never pays twice for the same picture.
 
 A thin facade over a ``Conversation`` (what was said), a ``LiveCache`` (the KV held now) and, per turn,
-``TurnSources`` (the stores). A turn (``_bring_up_to_date``, then decoding) runs: 1. lay out the conversation
-(``lay_out``: the model's chat template, the window, the question joined); 2. keep the live cache's matching
-prefix; 3. plan the rest (``plan_turn``: under ``kv`` stored images and cut-off or precompiled text are spliced,
-re-rotated, with ``seam`` tokens recomputed; ``encoder`` prefills from cached vision outputs; ``none`` computes
-all); 4. execute it (one forward call); 5. flush the store writes (after the first token); 6. decode
-(``Decoder``). A failed turn leaves the conversation as it was and the live cache empty. Splicing KV computed
-after another prefix is an approximation the evals measure; re-rotation itself is exact.
+``TurnSources`` (the stores): a turn lays the conversation out (``LayoutBuilder``), runs ``run_turn`` (matching
+prefix, plan, one forward call, store writes) and decodes (``Decoder``). A failed turn leaves the conversation
+as it was and the live cache empty.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ import torch
 from .cache import EncoderStore, ImageDigest, KVStore
 from .cache.memory import MemoryTier
 from .config import SessionConfig, check_int, check_question, check_sampling, check_stores
-from .conversation import Conversation, ConversationImage
+from .conversation import Conversation, ConversationImage, ToolCall
 from .images import ImageSource
 from .kv import KVSegment
 from .kv.vision import ImageFeatures
@@ -71,14 +67,18 @@ class Session:
     def __init__(
         self, handle: ModelHandle, store: KVStore | None = None, reuse: ReusePolicy = "kv", seam: int = 1,
         window: int | None = None, *, encoder_store: EncoderStore | None = None, config: SessionConfig | None = None,
+        tools: Sequence[Mapping] | None = None,
     ) -> None:  # fmt: skip
         """``store``/``encoder_store`` default to private in-memory stores; pass shared ones (optionally with a
-        directory) to reuse images across sessions and processes. ``config`` overrides the keyword settings."""
+        directory) to reuse images across sessions and processes. ``config`` overrides the keyword settings.
+        ``tools`` (OpenAI function specs) are declared to the model (the template lists them in the system
+        message); ``ask`` then records an answer made of ``<tool_call>`` blocks as the calls it makes."""
         self.handle = handle  # what mmkv.load returned: the model, its processor, family and fingerprint
         self.config = config or SessionConfig.of(reuse=reuse, seam=seam, window=window)
         self.store, self.encoder_store = check_stores(store, encoder_store)
         self._lock = threading.RLock()
         self.conversation = Conversation()
+        self.conversation.set_tools(tools)
         self.live = LiveCache(handle)
         self.layouts = LayoutBuilder(handle)  # each message rendered once, the previous turn's prefix reused
         self._pixels = MemoryTier(256 << 20)  # preprocessed images, made at add_image (bounded: 256 MB)
@@ -87,37 +87,29 @@ class Session:
         self.history_start = 0  # turns before this message are dropped from prompts (max_prompt_tokens)
 
     # ----------------------------------------------------------------------------------------- conversation
-    @property
-    def messages(self) -> list[dict]:
-        """The conversation as plain dicts (a fresh copy; see ``Conversation.to_chat``)."""
-        return self.conversation.to_chat()
-
-    @property
-    def images(self) -> list[ConversationImage]:
-        """The conversation's images, in order of ``add_image``."""
-        return self.conversation.images
-
-    @property
-    def field_values(self) -> Mapping[str, str]:
-        """The current value of each named field."""
-        return self.conversation.field_values
+    messages = property(
+        lambda self: self.conversation.to_chat(), doc="The conversation as plain dicts (a copy)."
+    )
+    images = property(
+        lambda self: self.conversation.images, doc="The conversation's images, in order of adding."
+    )
+    field_values = property(
+        lambda self: self.conversation.field_values, doc="Each named field's current value."
+    )
 
     @_exclusive
     def add_text(
         self, text: str, role: str = "user", fields: dict[str, str] | None = None, *, new_message: bool = False
     ) -> None:  # fmt: skip
-        """Append ``text`` as ``role`` (joined to the last message if it has that role, unless
-        ``new_message``). ``fields`` names editable values: ``add_text("account_role: {role}",
-        fields={"role": "admin"})`` renders "account_role: admin", and ``edit("role", ...)`` changes it later.
-        Raises ``TypeError``/``ValueError`` with the session unchanged."""
+        """Append ``text`` as ``role`` (joined to the last message of that role unless ``new_message``).
+        ``fields`` names editable values (``add_text("role: {role}", fields={"role": "admin"})``, changed later by
+        ``edit``). Raises ``TypeError``/``ValueError`` with the session unchanged."""
         self.conversation.add_text(text, role, fields, new_message=new_message)
 
     @_exclusive
     def add_segment(self, segment: KVSegment, seam: int = 1, role: str = "user") -> None:
-        """Append a precompiled text segment (``mmkv.text.precompile``) as ``role``'s text. Under ``reuse="kv"``
-        its KV is spliced, re-rotated to where it lands, with its first ``seam`` tokens recomputed in context;
-        where the rendered tokens differ (another tokenisation at a joint, an edited field) or under another
-        policy, the text is computed like any other."""
+        """Append a precompiled text segment (``mmkv.text.precompile``) as ``role``'s text: under ``kv`` its KV
+        is spliced where it lands (``seam`` tokens recomputed); where the tokens differ it is computed."""
         from .text.compose import TextSegment
 
         if not isinstance(segment, TextSegment):
@@ -129,21 +121,29 @@ class Session:
 
     @_exclusive
     def add_image(self, image: ImageSource, role: str = "user") -> ImageDigest:
-        """Append an image (PIL image, path or bytes) to the current ``role`` message (user by default; a system
-        message may hold images too); returns its digest. Raises an ``mmkv.ImageError`` /
-        ``UnsupportedInputError`` for bad input, leaving the session unchanged."""
-        record = prepare_image(self.handle, image, self.config.max_image_pixels, self.config.reuse,
-                               self.encoder_store, self._pixels)  # fmt: skip
+        """Append an image (PIL image, path or bytes) to the current ``role`` message; returns its digest. Raises
+        an ``mmkv.ImageError`` / ``UnsupportedInputError`` for bad input, leaving the session unchanged."""
+        record = self._record(image)
         self.conversation.add_image(record, role)
         return record.digest
+
+    @_exclusive
+    def add_tool_calls(self, calls: Sequence[ToolCall], text: str = "") -> None:
+        """Append an assistant message making ``calls`` (after ``text``): a history an agent resends."""
+        self.conversation.add_tool_calls(calls, text)
+
+    @_exclusive
+    def add_tool_result(self, tool_call_id: str, text: str = "", images: Sequence[ImageSource] = ()) -> None:
+        """Append the result of call ``tool_call_id``: ``text``, then ``images`` (a screenshot). Results after one
+        another share one tool message. Bad input raises with the session unchanged."""
+        self.conversation.add_tool_result(tool_call_id, text, [self._record(image) for image in images])
 
     @_exclusive
     def fork(self, **settings) -> Session:
         """A new session over the same model and stores with a copy of this conversation and an empty live
         cache; ``settings`` override this session's ``SessionConfig`` fields (e.g. ``reuse="none"``)."""
-        other = Session(
-            self.handle, self.store, encoder_store=self.encoder_store, config=self.config.replaced(**settings)
-        )
+        config = self.config.replaced(**settings)
+        other = Session(self.handle, self.store, encoder_store=self.encoder_store, config=config)
         other.conversation, other.history_start = self.conversation.fork(), self.history_start
         return other
 
@@ -156,36 +156,37 @@ class Session:
     # ------------------------------------------------------------------------------------------------ turns
     @_exclusive
     def ask(
-        self, question: str, max_new_tokens: int = 32, sampling: Sampling = GREEDY, *,
+        self, question: str | None, max_new_tokens: int = 32, sampling: Sampling = GREEDY, *,
         stops: Sequence[str] = (), logprobs: int | None = None, grammar: GrammarSpec | None = None,
     ) -> Answer:  # fmt: skip
-        """Ask ``question`` as the user, decode the answer, append both to the conversation. ``stops`` end the
-        answer before the first of these strings; ``logprobs`` (0-20) adds the model's log-probabilities per
-        token; ``grammar`` keeps the answer within one (``mmkv.runtime.grammar``: ``json_object()``,
-        ``json_schema(schema)``, ``tool_calls(tools, "required")``). On an error the conversation is left as it
-        was (the live cache is dropped and rebuilt next turn). Arguments are checked first."""
+        """Ask ``question`` as the user (None: answer the conversation as it stands, e.g. after a tool result),
+        decode the answer, append both to the conversation (with tools declared, an answer made of tool calls as
+        those calls: ``Answer.tool_calls``). ``stops`` end the answer before the first of these strings;
+        ``logprobs`` (0-20) adds the model's log-probabilities per token; ``grammar`` keeps the answer within one
+        (``mmkv.runtime.grammar``: ``json_object()``, ``json_schema(schema)``, ``tool_calls(tools, "required")``).
+        On an error the conversation is left as it was. Arguments are checked first."""
         for _ in self.stream(
             question, max_new_tokens, sampling, stops=stops, logprobs=logprobs, grammar=grammar
         ):
-            pass
+            pass  # fmt: skip
         return self.last_answer
 
     def stream(
-        self, question: str, max_new_tokens: int = 32, sampling: Sampling = GREEDY, *,
+        self, question: str | None, max_new_tokens: int = 32, sampling: Sampling = GREEDY, *,
         stops: Sequence[str] = (), logprobs: int | None = None, grammar: GrammarSpec | None = None,
     ) -> Iterator[str]:  # fmt: skip
-        """``ask``, yielding the answer's text piece by piece as it is decoded (joined: ``Answer.text``); the
-        ``Answer`` is ``last_answer`` once the iterator is exhausted. Holds the session's lock until then; an
-        iterator closed early leaves the conversation as it was. Arguments are checked at the call (a grammar
-        that cannot be enforced: ``GrammarError``)."""
-        check_question(question), check_sampling(sampling)
+        """``ask``, yielding the answer's text as it is decoded; ``last_answer`` once exhausted. Holds the lock
+        until then; closed early, the conversation is left as it was. Arguments are checked at the call."""
+        if question is not None:
+            check_question(question)
+        check_sampling(sampling)
         options = DecodeOptions(
             check_int(max_new_tokens, "max_new_tokens", 1), sampling, tuple(stops), logprobs
         )
         constraint = None if grammar is None else constraint_for(self.handle, grammar)
         return self._turn(question, options, constraint)
 
-    def _turn(self, question: str, options: DecodeOptions, constraint) -> Iterator[str]:
+    def _turn(self, question: str | None, options: DecodeOptions, constraint) -> Iterator[str]:
         with self._lock:
             started = time.perf_counter()
             with self.live.dropped_on_error(), torch.inference_mode():
@@ -200,9 +201,12 @@ class Session:
                     break
                 if step.delta:
                     yield step.delta
-            self.conversation.add_text(question, "user")
-            self.conversation.add_text(decoder.text, "assistant")
-            self.last_answer = decoder.answer(stats, ttft, time.perf_counter() - started)
+            if question is not None:
+                self.conversation.add_text(question, "user")
+            calls = self.conversation.add_answer(decoder.text, trusted=constraint is not None)
+            self.last_answer = replace(
+                decoder.answer(stats, ttft, time.perf_counter() - started), tool_calls=calls
+            )
 
     @_exclusive
     def next_token_logits(self, question: str) -> torch.Tensor:
@@ -214,9 +218,8 @@ class Session:
 
     @_exclusive
     def prefill(self, reuse: ReusePolicy | None = None) -> PrefillStats:
-        """Bring the live cache up to the conversation as it stands, with no question (e.g. while the user is
-        still typing, or before an edit); ``reuse`` overrides the policy for this call. Nothing is computed when
-        the cache is current."""
+        """Bring the live cache up to the conversation as it stands, with no question (``reuse`` overrides the
+        policy for this call); nothing is computed when the cache is current."""
         with self.live.dropped_on_error(), torch.inference_mode():
             layout = self.prompt_layout(None, add_generation_prompt=False)
             if layout.num_tokens == 0 or self.live.holds(layout):
@@ -225,9 +228,8 @@ class Session:
 
     @_exclusive
     def edit(self, name: str, value: str, strategy: str = "suffix", **options):
-        """Change field ``name`` to ``value`` in the context by ``strategy``: "erratum", "in_place",
-        "selective" (options ``k``, ``rank``), "suffix" (exact) or "full"; returns an ``mmkv.text.EditReport``.
-        See ``mmkv.text.edit`` for what each does."""
+        """Change field ``name`` to ``value`` by ``strategy`` ("erratum", "in_place", "selective" with ``k`` and
+        ``rank``, "suffix", "full"; see ``mmkv.text.edit``); returns an ``mmkv.text.EditReport``."""
         from .text.edit import edit_field
 
         return edit_field(self, name, value, strategy, **options)
@@ -236,7 +238,7 @@ class Session:
     @_exclusive
     def render(
         self, question: str | None = None, add_generation_prompt: bool = True
-    ) -> tuple[torch.Tensor, list[int]]:
+    ) -> tuple[torch.Tensor, list]:
         """The prompt's token ids ``(L,)`` and the conversation indices of the images in it (after the window),
         with ``question`` joined to the conversation as the user's last words. Changes nothing."""
         layout = self.prompt_layout(question, add_generation_prompt)
@@ -287,10 +289,12 @@ class Session:
     @_exclusive
     def pad_features(self, layout: PromptLayout, indices: Sequence[int]) -> list[ImageFeatures]:
         """The vision outputs of the image pads among prompt ``indices``, in order (one record per image)."""
-        runs = [(int(i), 1) for i in sorted(set(indices))]
-        return resolve_features(
-            pad_features(layout, runs), self.conversation.images, self._sources(self.config.reuse)
-        )
+        features = pad_features(layout, [(int(i), 1) for i in sorted(set(indices))])
+        return resolve_features(features, self.conversation.images, self._sources(self.config.reuse))
+
+    def _record(self, image: ImageSource) -> ConversationImage:
+        return prepare_image(self.handle, image, self.config.max_image_pixels, self.config.reuse, self.encoder_store,
+                             self._pixels)  # fmt: skip
 
     def _sources(self, reuse: ReusePolicy) -> TurnSources:
         return TurnSources(self.handle, self.store, self.encoder_store, reuse, self._pixels)

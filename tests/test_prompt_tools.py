@@ -135,3 +135,38 @@ def test_tool_records_refuse_bad_input_and_change_nothing():
     with pytest.raises(ValueError, match="tools"):
         conversation.set_tools([{"type": "retrieval"}])
     assert conversation.snapshot() == before
+
+
+def test_a_session_runs_a_tool_loop_and_records_the_calls(tiny):
+    """A Session with tools: a grammar-made answer is recorded as the tool calls it makes (ids, names, arguments
+    as written), a tool result with a screenshot follows, ``ask(None)`` answers after it; the prompt is the
+    processor's rendering of the same messages, and kv gives the logits of a full recompute in this context."""
+    import mmkv
+    from mmkv.runtime.grammar import tool_calls
+
+    session = mmkv.Session(tiny, reuse="kv", tools=TOOLS)
+    session.add_text("You operate a desktop app.", "system")
+    session.add_image(random_image(1, (4, 6), tiny.processor.patch_size))
+    answer = session.ask("Do the task.", max_new_tokens=400, grammar=tool_calls(TOOLS, {"name": "click"}))
+    assert answer.finish_reason == "stop" and len(answer.tool_calls) == 1
+    call = answer.tool_calls[0]
+    assert (
+        call.id.startswith("call_")
+        and call.name == "click"
+        and isinstance(json.loads(call.arguments), dict)
+    )
+    assert session.conversation.messages[-1].tool_calls == answer.tool_calls
+    session.add_tool_result(call.id, "done", [random_image(2, (4, 6), tiny.processor.patch_size)])
+    dicts = [{"role": "system", "content": "You operate a desktop app."},
+             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Do the task."}]},
+             {"role": "assistant", "content": "", "tool_calls": [{"id": call.id, "type": "function",
+              "function": {"name": call.name, "arguments": call.arguments}}]},
+             {"role": "tool", "tool_call_id": call.id, "content": [{"type": "text", "text": "done"}, {"type": "image"}]}]  # fmt: skip
+    text = tiny.processor.apply_chat_template(dicts, add_generation_prompt=True, tools=TOOLS)
+    expected = tiny.processor(text, [i.pixels for i in session.images])["input_ids"][0]
+    assert torch.equal(session.render(None)[0], expected)
+    logits = session.next_token_logits("And now?")
+    reference = session.fork(reuse="none").next_token_logits("And now?")
+    assert (logits - reference).abs().max() <= 1e-4
+    again = session.ask(None, max_new_tokens=4)
+    assert again.prompt_tokens == int(expected.shape[0])

@@ -39,8 +39,8 @@ import torch
 from llguidance import LLMatcher
 
 from ..errors import GrammarError
+from ..toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 from .json_schemas import check_schema, json_rule
-from .toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 if TYPE_CHECKING:
     from ..model.handle import ModelHandle
@@ -161,7 +161,7 @@ def _chosen_name(mode: Any, names: list[str]) -> str | None:
     if isinstance(mode, str):
         raise GrammarError(
             f"tool_choice {mode!r} does not constrain decoding: use 'required' or {{'name': ...}} "
-            "(parse free output with mmkv.runtime.toolcalls.parse_tool_calls)"
+            "(parse free output with mmkv.toolcalls.parse_tool_calls)"
         )
     inner = mode.get("function", mode) if isinstance(mode, dict) else None
     name = inner.get("name") if isinstance(inner, dict) else None

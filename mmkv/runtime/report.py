@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ..messages import ToolCall
 from .plan import ImageReuse
 
 __all__ = ["Answer", "FinishReason", "PrefillStats", "TokenLogprob"]
@@ -52,6 +53,7 @@ class Answer:
     prefill: PrefillStats  # what bringing the cache up to the prompt took
     queue_s: float = 0.0  # seconds waiting for the model (the server's queue; 0 in a Session)
     logprobs: tuple[TokenLogprob, ...] | None = None  # per generated token, when asked for
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls the answer makes (a Session with tools declared)
 
     @property
     def prompt_tokens(self) -> int:

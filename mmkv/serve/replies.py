@@ -14,7 +14,7 @@ import time
 import uuid
 
 from ..runtime import Answer, DecodeStep, TokenLogprob
-from ..runtime.toolcalls import ArgumentsPiece, CallStart, ContentPiece, ToolCallStream
+from ..toolcalls import ArgumentsPiece, CallStart, ContentPiece, ToolCallStream
 from .protocol import (
     AssistantOut,
     ChatCompletion,

@@ -30,7 +30,7 @@ from mmkv.runtime.grammar import (
     vocabulary,
     vocabulary_of,
 )
-from mmkv.runtime.toolcalls import ToolCall, format_tool_calls, parse_tool_calls
+from mmkv.toolcalls import ToolCall, format_tool_calls, parse_tool_calls
 
 # one or more calls as the templates write them, newline-joined, nothing else
 _BLOCK = r'<tool_call>\n\{"name": "[\w-]+", "arguments": \{.*?\}\}\n</tool_call>'

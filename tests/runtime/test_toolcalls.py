@@ -8,7 +8,7 @@ import random
 import pytest
 
 import mmkv
-from mmkv.runtime.toolcalls import (
+from mmkv.toolcalls import (
     MalformedToolCall,
     ParsedToolCalls,
     ToolCall,
@@ -118,7 +118,7 @@ def test_text_without_blocks_is_content():
 
 
 # ---------------------------------------------------------------------------------------------- ToolCallStream
-from mmkv.runtime.toolcalls import ArgumentsPiece, CallStart, ContentPiece, ToolCallStream  # noqa: E402
+from mmkv.toolcalls import ArgumentsPiece, CallStart, ContentPiece, ToolCallStream  # noqa: E402
 
 STREAM_CASES = [
     ('<tool_call>\n{"name": "click", "arguments": {"target": "ok"}}\n</tool_call>', True),
