@@ -160,12 +160,33 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--max-queue", type=int, default=16, help="waiting requests beyond the running one (then 503)"
     )
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
-    p.add_argument("--pool-bytes", type=int, default=1 << 30, help="live caches kept between requests")
-    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds before a request gets 504")
-    p.add_argument("--max-tokens", type=int, default=4096, help="bound on a request's max_tokens")
-    p.add_argument("--max-body-bytes", type=int, default=64 << 20, help="bigger request bodies get 413")
-    p.add_argument("--max-image-bytes", type=int, default=20 << 20, help="bigger encoded images get 413")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route")
+    p.add_argument("--open-health", action="store_true", help="with --api-key: /health answers without it")
+    p.add_argument("--open-metrics", action="store_true", help="with --api-key: /metrics answers without it")
+    memory = p.add_argument_group("memory the server holds (each bounded; the defaults fit a 24 GB machine)")
+    memory.add_argument("--pool-bytes", type=int, default=1 << 30, help="live caches kept between requests")
+    memory.add_argument("--kv-memory-bytes", type=int, default=2 << 30, help="image KV kept in memory")
+    memory.add_argument(
+        "--encoder-memory-bytes", type=int, default=512 << 20, help="vision outputs in memory"
+    )
+    memory.add_argument("--image-cache-bytes", type=int, default=256 << 20,
+                        help="decoded images and preprocessed pixels kept (each)")  # fmt: skip
+    memory.add_argument("--decode-budget-bytes", type=int, default=1 << 30,
+                        help="memory images may take while they decode, all requests together")  # fmt: skip
+    limits = p.add_argument_group("time, connections and sizes")
+    limits.add_argument("--request-timeout", type=float, default=300.0,
+                        help="seconds from a request's arrival to its answer, then 504")  # fmt: skip
+    limits.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request's headers")
+    limits.add_argument("--body-timeout", type=float, default=60.0, help="seconds for a request's body (408)")
+    limits.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle connection stays open")
+    limits.add_argument("--max-connections", type=int, default=512, help="open connections at once")
+    limits.add_argument("--max-fetches", type=int, default=8, help="http(s) image fetches at once")
+    limits.add_argument("--max-tokens", type=int, default=4096, help="bound on a request's max_tokens")
+    limits.add_argument("--max-body-bytes", type=int, default=64 << 20, help="bigger request bodies get 413")
+    limits.add_argument("--max-image-bytes", type=int, default=20 << 20, help="bigger encoded images get 413")
+    limits.add_argument(
+        "--max-image-pixels", type=int, default=64 << 20, help="bigger decoded images get 413"
+    )
     p.add_argument("--device", default=None, help="cpu or cuda; cuda when available if omitted")
 
 
@@ -185,10 +206,22 @@ def _serve(args) -> None:
             allowed_local_media_path=args.allowed_local_media_path,
             max_queue=args.max_queue,
             api_key=args.api_key,
+            open_health=args.open_health,
+            open_metrics=args.open_metrics,
             pool_bytes=args.pool_bytes,
+            kv_memory_bytes=args.kv_memory_bytes,
+            encoder_memory_bytes=args.encoder_memory_bytes,
+            image_cache_bytes=args.image_cache_bytes,
+            decode_budget_bytes=args.decode_budget_bytes,
+            request_timeout_s=args.request_timeout,
+            header_timeout_s=args.header_timeout,
+            body_timeout_s=args.body_timeout,
+            keep_alive_s=args.keep_alive,
+            max_connections=args.max_connections,
+            max_fetches=args.max_fetches,
             max_body_bytes=args.max_body_bytes,
             max_image_bytes=args.max_image_bytes,
-            request_timeout_s=args.request_timeout,
+            max_image_pixels=args.max_image_pixels,
             max_tokens=args.max_tokens,
             device=args.device,
         )

@@ -13,13 +13,31 @@ __all__ = ["Engine", "ServerConfig", "create_app", "serve"]
 
 
 def serve(config: ServerConfig) -> None:
-    """Load the model, then serve on ``config.host:config.port`` until interrupted."""
+    """Load the model, then serve on ``config.host:config.port`` until interrupted: one log line per request
+    (logger ``mmkv.serve``), connections bounded in number and time (``connections``), as many file descriptors
+    as the system allows this process."""
+    import logging
+    import resource
+
     import uvicorn
 
+    from .connections import guarded_protocol
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    log = logging.getLogger("mmkv.serve")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s mmkv.serve %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     engine = Engine(config)
     try:
         uvicorn.run(
-            create_app(engine), host=config.host, port=config.port, log_level="info", access_log=False
-        )
+            create_app(engine), host=config.host, port=config.port, log_level="info", access_log=False,
+            http=guarded_protocol(config.header_timeout_s, config.max_connections),
+            timeout_keep_alive=config.keep_alive_s,
+        )  # fmt: skip
     finally:
         engine.close()

@@ -40,6 +40,7 @@ from .protocol import (
     InternalError,
     MethodNotAllowed,
     NotFound,
+    RequestTimeout,
     Timeout,
     TooLarge,
     Unauthorized,
@@ -87,7 +88,9 @@ def create_app(engine: Engine) -> FastAPI:
         return respond(InternalError(f"internal error (request {request_id})"), request_id)
 
     @app.get("/health")
-    async def health() -> dict:
+    async def health(request: Request):
+        if not config.open_health and (error := _auth(request, config.api_key)) is not None:
+            return respond(error, "-")
         return {"status": "ok", "model": config.model, "queue": len(engine.worker.queue)}
 
     @app.get("/v1/models")
@@ -99,7 +102,9 @@ def create_app(engine: Engine) -> FastAPI:
                                             for n in config.names]}  # fmt: skip
 
     @app.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
+        if not config.open_metrics and (error := _auth(request, config.api_key)) is not None:
+            return respond(error, "-")
         metrics.pool_entries.set(engine.pool.num_entries)
         metrics.pool_bytes.set(engine.pool.num_bytes)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -113,14 +118,16 @@ def create_app(engine: Engine) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(request: Request):
         request_id = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        deadline = time.monotonic() + config.request_timeout_s  # one deadline, from the request's arrival
         try:
-            body = await _checked_request(request, engine)
-            intake = await run_in_threadpool(engine.intake, body)
+            body = await _checked_request(request, engine, deadline)
+            fetched = await engine.fetch(body, deadline)  # http(s) images, on the media pool
+            intake = await run_in_threadpool(engine.intake, body, fetched, deadline)
             constraint = engine.constraint(intake.grammar)
         except (ApiError, MediaError, MmkvError, ValueError) as exc:
             return respond(as_api_error(exc), request_id)
         job = Job(intake.conversation, intake.policy, intake.options, asyncio.get_running_loop(), asyncio.Queue(),
-                  time.monotonic() + config.request_timeout_s, constraint)  # fmt: skip
+                  deadline, constraint)  # fmt: skip
         try:
             engine.worker.submit(job)
         except QueueFull:
@@ -147,16 +154,28 @@ def _auth(request: Request, api_key: str | None) -> ApiError | None:
     return Unauthorized("a valid API key is required (Authorization: Bearer <key>)")
 
 
-async def _checked_request(request: Request, engine: Engine) -> ChatCompletionRequest:
-    """The request's body, read within the size bound and validated; raises ``ApiError``."""
+async def _checked_request(request: Request, engine: Engine, deadline: float) -> ChatCompletionRequest:
+    """The request's body, read within its size and time bounds (``body_timeout_s``: 408; the request's
+    ``deadline``: 504) and validated; raises ``ApiError``."""
     config = engine.config
     if (error := _auth(request, config.api_key)) is not None:
         raise error
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > config.max_body_bytes:
         raise TooLarge(f"the request body is over the bound of {config.max_body_bytes:,} bytes")
-    data = bytearray()
-    async for chunk in request.stream():
+    data, chunks = bytearray(), request.stream().__aiter__()
+    body_deadline = min(time.monotonic() + config.body_timeout_s, deadline)
+    while True:
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), max(0.0, body_deadline - time.monotonic()))
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            if body_deadline < deadline:
+                raise RequestTimeout(
+                    f"the request body did not arrive within {config.body_timeout_s:g} s"
+                ) from None
+            raise Timeout("the request timed out while its body arrived") from None
         data += chunk
         if len(data) > config.max_body_bytes:
             raise TooLarge(f"the request body is over the bound of {config.max_body_bytes:,} bytes")

@@ -28,15 +28,30 @@ class ServerConfig:
     ] = ()  # hosts http(s) image URLs may name (exact match); none by default
     allowed_local_media_path: Path | None = None  # file:// image URLs must lie under this directory
     max_queue: int = 16  # requests waiting for the model beyond the one it runs; more get 503
-    api_key: str | None = None  # when set, requests need "Authorization: Bearer <key>"
+    api_key: str | None = None  # when set, every route needs "Authorization: Bearer <key>" (but see open_*)
+    open_health: bool = False  # with api_key: /health answers without it
+    open_metrics: bool = False  # with api_key: /metrics answers without it
+    # memory the server holds, each bounded (defaults: about 5 GiB beside the model, for a 24 GB machine)
     pool_bytes: int = 1 << 30  # live caches kept between requests (LRU by bytes)
-    request_timeout_s: float = 300.0  # a request still unanswered after this gets 504 / a stream error event
+    kv_memory_bytes: int = 2 << 30  # the KV store's memory tier (image KV, precompiled text)
+    encoder_memory_bytes: int = 512 << 20  # the encoder store's memory tier (vision-tower outputs)
+    image_cache_bytes: int = 256 << 20  # decoded image records by bytes, and preprocessed pixels: each
+    decode_budget_bytes: int = 1 << 30  # pixels being decoded at once, all requests together (more wait)
+    # time and connections
+    request_timeout_s: float = 300.0  # one deadline from a request's arrival: body, fetches, images, queue,
+    # prefill, decode; past it: 504 (or a stream's error event)
+    header_timeout_s: float = 10.0  # a connection whose request headers are not complete by then is closed
+    body_timeout_s: float = 60.0  # a request body not received by then gets 408
+    keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    max_connections: int = 512  # open connections at once; more are closed at once
+    # sizes
     max_body_bytes: int = 64 << 20  # request bodies over this get 413
     max_image_bytes: int = 20 << 20  # encoded images over this get 413
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # decoded images over this get 413
     max_images: int = 64  # images per request
     max_tokens: int = 4096  # bound on max_tokens / max_completion_tokens
-    fetch_timeout_s: float = 10.0  # http(s) image fetches
+    fetch_timeout_s: float = 10.0  # one http(s) image fetch, redirects included
+    max_fetches: int = 8  # http(s) image fetches at once (their own threads)
     device: str | None = None  # mmkv.load's device (default: CUDA when available)
     extra: dict = field(default_factory=dict, compare=False)  # reserved
 
@@ -45,10 +60,19 @@ class ServerConfig:
             raise ValueError("model must be a non-empty name")
         check_int(self.port, "port", 0)
         for name in ("max_queue", "pool_bytes", "max_body_bytes", "max_image_bytes", "max_image_pixels",
-                     "max_images", "max_tokens"):  # fmt: skip
+                     "max_images", "max_tokens", "kv_memory_bytes", "encoder_memory_bytes", "image_cache_bytes",
+                     "decode_budget_bytes", "max_connections", "max_fetches"):  # fmt: skip
             check_int(getattr(self, name), name, 0 if name in ("max_queue", "pool_bytes") else 1)
-        if self.request_timeout_s <= 0 or self.fetch_timeout_s <= 0:
-            raise ValueError("timeouts must be positive")
+        for name in (
+            "request_timeout_s",
+            "fetch_timeout_s",
+            "header_timeout_s",
+            "body_timeout_s",
+            "keep_alive_s",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         if not isinstance(self.policy, TurnPolicy):
             raise TypeError(f"policy must be an mmkv.runtime.TurnPolicy, got {type(self.policy).__name__}")
 

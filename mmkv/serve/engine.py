@@ -8,6 +8,7 @@ is the one ``Session.ask`` renders for the same conversation.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
@@ -22,12 +23,13 @@ from ..images import load_image
 from ..runtime import Answer, prepare_image
 from ..runtime.decode import end_of_turn_id
 from ..runtime.grammar import GrammarSpec, TokenConstraint, constraint_for, vocabulary_of
+from .budget import ByteBudget, decode_bytes
 from .config import ServerConfig
 from .intake import Intake, bytes_key, low_detail, read_request
-from .media import MediaError, MediaPolicy, read_image_url
+from .media import MediaError, MediaPolicy, read_image_url, read_image_url_async
 from .metrics import Metrics
 from .pool import LivePool
-from .protocol import ApiError, BadRequest, ChatCompletionRequest, TooLarge
+from .protocol import ApiError, BadRequest, ChatCompletionRequest, ImagePart, Timeout, TooLarge
 from .worker import Worker
 
 __all__ = ["Engine", "as_api_error"]
@@ -43,16 +45,17 @@ class Engine:
         ``ModelNotFoundError``, ``StoreUnavailableError``) when they cannot be."""
         self.config = config
         self.handle = handle or mmkv.load(config.model, device=config.device)
-        self.kv_store, self.encoder_store = _stores(config.stores)
-        self.pixels = MemoryTier(256 << 20)  # preprocessed images by digest
-        self.decoded: MemoryTier[ConversationImage] = MemoryTier(
-            256 << 20
-        )  # image records by hash of the bytes
+        self.kv_store, self.encoder_store = _stores(
+            config.stores, config.kv_memory_bytes, config.encoder_memory_bytes
+        )
+        self.pixels = MemoryTier(config.image_cache_bytes)  # preprocessed images by digest
+        self.decoded: MemoryTier[ConversationImage] = MemoryTier(config.image_cache_bytes)  # records by bytes
+        self.decoding = ByteBudget(config.decode_budget_bytes)  # pixels decoded at once, all requests
         self.pool = LivePool(self.handle, config.pool_bytes)
         self.metrics = Metrics()
         self.media = MediaPolicy(
             config.allowed_media_domains, config.allowed_local_media_path, config.max_image_bytes,
-            config.fetch_timeout_s,
+            config.fetch_timeout_s, max_fetches=config.max_fetches,
         )  # fmt: skip
         self.worker = Worker(self.handle, self.kv_store, self.encoder_store, self.pixels, self.pool,
                              self.metrics, config.max_queue)  # fmt: skip
@@ -60,12 +63,34 @@ class Engine:
         vocabulary_of(self.handle)  # the grammar engine's view of the tokenizer, built now, not by a request
         self.started = time.time()
 
-    def intake(self, body: ChatCompletionRequest) -> Intake:
-        """The request as mmkv's records (see ``mmkv.serve.intake``). Raises an ``ApiError`` (text, roles,
-        images, URLs, tools, formats), changing nothing shared but the image caches."""
+    async def fetch(self, body: ChatCompletionRequest, deadline: float) -> dict[str, bytes]:
+        """The bytes of every http(s) image URL in ``body``, fetched on the media pool without holding a thread
+        of the event loop's, within ``deadline`` (``time.monotonic()``). Raises ``MediaError``."""
+        urls = {part.image_url.url for message in body.messages if isinstance(message.content, list)
+                for part in message.content if isinstance(part, ImagePart)}  # fmt: skip
+        remote = sorted(u for u in urls if u.split(":", 1)[0].lower() in ("http", "https"))
+        fetched = await asyncio.gather(*(read_image_url_async(u, self.media, deadline) for u in remote))
+        return dict(zip(remote, fetched, strict=True))
+
+    def intake(self, body: ChatCompletionRequest, fetched: dict[str, bytes], deadline: float) -> Intake:
+        """The request as mmkv's records (see ``mmkv.serve.intake``), images from ``fetched`` (``fetch``) or
+        decoded here (``data:``, ``file://``), all within ``deadline``. Raises an ``ApiError`` (text, roles,
+        images, URLs, tools, formats; ``Timeout`` past the deadline), changing nothing shared but the image
+        caches."""
+
+        def read(url: str) -> bytes:
+            if time.monotonic() > deadline:
+                raise Timeout("the request timed out while its images were read")
+            return fetched[url] if url in fetched else read_image_url(url, self.media, deadline)
+
+        def record(data: bytes, detail: str) -> ConversationImage:
+            if time.monotonic() > deadline:
+                raise Timeout("the request timed out while its images were decoded")
+            return self._image(data, detail, deadline)
+
         try:
             return read_request(body, self.config.policy, self.config.max_tokens, self.config.max_images,
-                                self._image, lambda url: read_image_url(url, self.media))  # fmt: skip
+                                record, read)  # fmt: skip
         except (ValueError, TypeError) as exc:  # the records' checks: text, roles, tool calls, field values
             raise as_api_error(exc, "messages") from exc
 
@@ -73,22 +98,23 @@ class Engine:
         """A fresh constraint for one answer (compiled once per grammar), or None."""
         return None if grammar is None else constraint_for(self.handle, grammar)
 
-    def _image(self, data: bytes, detail: str = "auto") -> ConversationImage:
+    def _image(self, data: bytes, detail: str = "auto", deadline: float | None = None) -> ConversationImage:
         """The image record of encoded ``data``: agents resend the same screenshots every turn, so records are
         kept by a hash of the bytes (bounded LRU) and a resent image is neither decoded nor hashed again.
-        ``detail="low"``: shrunk to fit a 512x512 square first."""
+        ``detail="low"``: shrunk to fit a 512x512 square first. Decoding waits for room in the decode budget
+        (``decode_budget_bytes`` over every request), bounded by ``deadline``."""
         key = bytes_key(data, detail)
         record = self.decoded.get(key)
-        if record is None:
-            source = (
-                data
-                if detail != "low"
-                else low_detail(load_image(data, max_pixels=self.config.max_image_pixels))
+        if record is not None:
+            return record  # (preprocessed pixels evicted since are made again by the turn that needs them)
+        max_pixels = self.config.max_image_pixels
+        with self.decoding.hold(decode_bytes(data, max_pixels), deadline):
+            source = data if detail != "low" else low_detail(load_image(data, max_pixels=max_pixels))
+            record = prepare_image(
+                self.handle, source, max_pixels, self.config.policy.reuse, self.encoder_store, self.pixels
             )
-            record = prepare_image(self.handle, source, self.config.max_image_pixels, self.config.policy.reuse,
-                                   self.encoder_store, self.pixels)  # fmt: skip
-            self.decoded.put(key, record, 3 * record.pixels.width * record.pixels.height + len(data))
-        return record  # (preprocessed pixels evicted since are made again by the turn that needs them)
+        self.decoded.put(key, record, 3 * record.pixels.width * record.pixels.height + len(data))
+        return record
 
     def record(self, answer: Answer) -> None:
         """Count a finished request in the metrics."""
@@ -103,6 +129,7 @@ class Engine:
 
     def close(self) -> None:
         self.worker.close()
+        self.media.close()
 
 
 def as_api_error(error: BaseException, param: str | None = None) -> ApiError:
@@ -112,7 +139,7 @@ def as_api_error(error: BaseException, param: str | None = None) -> ApiError:
     if isinstance(error, ApiError):
         return error
     if isinstance(error, MediaError):
-        return (TooLarge if error.status == 413 else BadRequest)(str(error), param)
+        return {413: TooLarge, 504: Timeout}.get(error.status, BadRequest)(str(error), param)
     if isinstance(error, ImageTooLargeError):
         return TooLarge(str(error), param)
     if isinstance(error, (MmkvError, ValueError, TypeError)):
@@ -120,8 +147,11 @@ def as_api_error(error: BaseException, param: str | None = None) -> ApiError:
     raise TypeError(f"not a refusal: {type(error).__name__}")
 
 
-def _stores(tiers: tuple[str, ...]) -> tuple[KVStore, EncoderStore]:
-    """The KV and encoder stores over the configured tiers, in order (memory only when none): a directory
-    holds image KV, and vision outputs in its ``encoder`` subdirectory; a Redis URL holds both (keys differ)."""
+def _stores(tiers: tuple[str, ...], kv_bytes: int, encoder_bytes: int) -> tuple[KVStore, EncoderStore]:
+    """The KV and encoder stores over the configured tiers, in order, their memory tiers bounded by the bytes
+    given: a directory holds image KV, and vision outputs in its ``encoder`` subdirectory; a Redis URL holds
+    both (keys differ)."""
     encoder_tiers = [t if "://" in t else str(Path(t).expanduser() / "encoder") for t in tiers]
-    return KVStore(path=list(tiers)), EncoderStore(path=encoder_tiers)
+    return KVStore(path=list(tiers), max_bytes=kv_bytes), EncoderStore(
+        path=encoder_tiers, max_bytes=encoder_bytes
+    )

@@ -26,7 +26,7 @@ class ServerProcess:
     """A running ``mmkv serve``; a context manager (started on enter, stopped on exit)."""
 
     def __init__(
-        self, args: list[str], log: Path, api_key: str | None = None, startup_s: float = 120.0
+        self, args: list[str], log: Path, api_key: str | None = None, startup_s: float = 600.0
     ) -> None:
         self.args, self.log, self.api_key, self.startup_s = list(args), Path(log), api_key, startup_s
         self.port = free_port()
@@ -43,12 +43,13 @@ class ServerProcess:
         )
         with open(self.log, "w") as sink:
             self.process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + self.startup_s
+        deadline = time.monotonic() + self.startup_s  # only to catch a server that never comes up
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the server exited: {self.log.read_text()[-2000:]}")
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                if httpx.get(f"{self.base_url}/health", headers=headers, timeout=2).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

@@ -200,6 +200,9 @@ class Worker:
     def _run(self, job: Job) -> None:
         queue_s = time.monotonic() - job.submitted
         self.metrics.queue_wait.observe(queue_s)
+        if time.monotonic() > job.deadline:  # its time ran out in the queue: no model work for it
+            job.emit(Failed(TimeoutError("the request timed out in the queue")))
+            return
         job.emit(Started(queue_s))
         started = time.perf_counter()
         handle, images = self.handle, job.conversation.images

@@ -29,11 +29,12 @@ class RunningServer(ServerProcess):
         headers = {"Authorization": f"Bearer {self.api_key}", **(headers or {})} if self.api_key else headers
         url = f"{self.base_url}/v1/chat/completions"
         if isinstance(body, (bytes, str)):
-            return httpx.post(url, content=body, headers=headers, timeout=60, **kwargs)
-        return httpx.post(url, json=body, headers=headers, timeout=60, **kwargs)
+            return httpx.post(url, content=body, headers=headers, timeout=300, **kwargs)
+        return httpx.post(url, json=body, headers=headers, timeout=300, **kwargs)
 
     def get(self, path: str) -> httpx.Response:
-        return httpx.get(f"{self.base_url}{path}", timeout=30)
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        return httpx.get(f"{self.base_url}{path}", headers=headers, timeout=60)
 
 
 @contextmanager

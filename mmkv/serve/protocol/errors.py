@@ -14,6 +14,7 @@ __all__ = [
     "InternalError",
     "MethodNotAllowed",
     "NotFound",
+    "RequestTimeout",
     "Timeout",
     "TooLarge",
     "Unauthorized",
@@ -65,6 +66,10 @@ class NotFound(ApiError):
 
 class MethodNotAllowed(ApiError):
     status = 405
+
+
+class RequestTimeout(ApiError):
+    status, kind = 408, "timeout"
 
 
 class TooLarge(ApiError):
