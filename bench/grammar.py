@@ -37,6 +37,7 @@ from mmkv.runtime.grammar import (
     Vocabulary,
     clear_caches,
     compile_grammar,
+    constraint_for,
     json_schema,
     tool_calls,
     vocabulary,
@@ -202,6 +203,40 @@ def bench(tokenizers: dict[str, tuple], repeats: int, device: str = "cpu") -> li
     return rows
 
 
+def decode_loop_ms(handle, repeats: int, tokens: int = 40) -> dict[str, Timing]:
+    """ms per generated token of the whole decode loop (model forward, sampling, text, and the constraint) on
+    ``handle``, free against constrained, interleaved over the same prompt: the cost an answer pays."""
+    import mmkv
+    from mmkv.runtime import DecodeOptions, Decoder
+
+    session = mmkv.Session(handle, reuse="none")
+    session.add_text("Answer with one JSON object.", "system")
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {
+        "target": {"type": "string", "enum": ["approve", "submit", "close"]}}, "required": ["target"]}}}
+        for n in ("click", "escalate")]  # fmt: skip
+    grammars = {
+        "free": None,
+        "json_schema": MAKERS["json_schema"](),
+        "tool_calls": tool_calls(tools, "required"),
+    }
+
+    def arm(spec):
+        def run() -> float:
+            with torch.inference_mode():
+                logits = session.next_token_logits("What now?")
+                live = session.live.copy_prefix(session.live.num_tokens)
+                constraint = None if spec is None else constraint_for(handle, spec)
+                decoder = Decoder(handle, live, logits, DecodeOptions(tokens), constraint=constraint)
+                started = time.perf_counter()
+                count = sum(1 for _ in decoder)
+                return 1e3 * (time.perf_counter() - started) / count
+
+        return run
+
+    arms = {name: arm(spec) for name, spec in grammars.items()}
+    return interleave(arms, repeats, measure=lambda name, fn: fn())  # each arm reports its ms per token
+
+
 def _cell(d: dict, digits: int = 1) -> str:
     return f"{d['median']:.{digits}f} [{d['min']:.{digits}f}-{d['max']:.{digits}f}]"
 
@@ -249,5 +284,10 @@ if __name__ == "__main__":
         print(f"trained the Qwen-sized tokenizer in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     rows = bench(tokenizers, args.repeats, args.device)
     print(table(rows))
+    loop = decode_loop_ms(handle, max(3, args.repeats // 4))
+    print(f"\nthe whole decode loop on {args.model}, ms per generated token, median [min-max]: "
+          + ", ".join(f"{name} {_cell(t.as_dict(), 2)}" for name, t in loop.items()))  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"rows": rows, "decode_loop_ms": {k: t.as_dict() for k, t in loop.items()}}, indent=2)
+        )

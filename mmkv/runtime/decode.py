@@ -155,11 +155,11 @@ class Decoder:
                 return
             scores = options.rules.apply(logits, self.token_ids, prompt_ids)
             masked = scores.index_fill(0, banned.to(logits.device), float("-inf"))  # 2. choose
-            if self.constraint is not None:
-                allowed = self.constraint.allowed().to(logits.device)
-                masked = masked.masked_fill(~allowed[: masked.shape[0]], float("-inf"))
-            token = choose(masked, sampling, generator)
-            if self.constraint is not None:
+            if self.constraint is None:
+                token = choose(masked, sampling, generator)
+            else:  # among the grammar's allowed ids only: the same choice as masking the rest, without a full mask
+                ids = self.constraint.allowed_ids().to(logits.device)  # (allowed,)
+                token = int(ids[choose(masked[ids], sampling, generator)])
                 self.constraint.advance(token)
             logprob = self._logprob(logits, token) if options.logprobs is not None else None
             if logprob is not None:

@@ -79,6 +79,10 @@ class TokenConstraint(Protocol):
         """``(vocab,)`` bool, CPU: the tokens allowed next. Does not change state."""
         ...
 
+    def allowed_ids(self) -> torch.Tensor:
+        """``(num_allowed,)`` int64, CPU, ascending: the ids ``allowed()`` marks. Does not change state."""
+        ...
+
     def advance(self, token: int) -> None:
         """Take the chosen token (one ``allowed()`` marks); raises ``ValueError`` for any other."""
         ...
