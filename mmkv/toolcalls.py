@@ -5,11 +5,11 @@ One call is ``<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>``, 
 ``json.dumps``' default separators; several calls are joined by a newline, as the templates render an assistant
 message's ``tool_calls``. Worked example::
 
-    format_tool_calls([ToolCall("click", {"target": "ok"})])
+    format_tool_calls([FunctionCall("click", {"target": "ok"})])
     '<tool_call>\\n{"name": "click", "arguments": {"target": "ok"}}\\n</tool_call>'
 
     parse_tool_calls('I will click.\\n<tool_call>\\n{"name": "click", "arguments": {}}\\n</tool_call>')
-    ParsedToolCalls(calls=(ToolCall(name='click', arguments={}),), content='I will click.', malformed=())
+    ParsedToolCalls(calls=(FunctionCall(name='click', arguments={}),), content='I will click.', malformed=())
 
 Parsing is lenient where a model's free output varies harmlessly (whitespace around the JSON, arguments given as
 a JSON string holding an object) and reports every block it cannot read, with the reason, instead of raising:
@@ -32,7 +32,7 @@ __all__ = [
     "MalformedToolCall",
     "ParsedToolCalls",
     "StreamPiece",
-    "ToolCall",
+    "FunctionCall",
     "ToolCallStream",
     "format_tool_calls",
     "parse_tool_calls",
@@ -45,16 +45,41 @@ TOOL_CALL_CLOSE = "</tool_call>"
 _BLOCK = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(" + re.escape(TOOL_CALL_CLOSE) + r"|\Z)", re.DOTALL)
 
 
-class ToolCall(NamedTuple):
-    """One function call, as the model wrote it (unpacks as ``name, arguments``)."""
+class FunctionCall(NamedTuple):
+    """One function call: a name and its decoded arguments (unpacks as ``name, arguments``). Not the
+    conversation's record of a call (``mmkv.messages.FunctionCall``, with its id and arguments as text)."""
 
-    name: str  # the function's name
-    arguments: dict[str, Any]  # the decoded arguments object
+    name: str  # the function's name, e.g. "click"
+    arguments: dict[str, Any] = {}  # the decoded arguments object, e.g. {"target": "approve"}
 
+    @property
     def arguments_json(self) -> str:
-        """The arguments as the templates render them (``json.dumps`` defaults, non-ASCII kept), for OpenAI's
-        ``function.arguments`` string."""
+        """The arguments as the templates render them and the models write them (``json.dumps`` defaults,
+        non-ASCII kept), for OpenAI's ``function.arguments`` string."""
         return json.dumps(self.arguments, ensure_ascii=False)
+
+    def to_openai(self, call_id: str) -> dict:
+        """The entry of an assistant message's ``tool_calls`` (``function.arguments`` a JSON string)."""
+        return {
+            "id": call_id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments_json},
+        }
+
+    @classmethod
+    def from_openai(cls, entry: dict) -> FunctionCall:
+        """Back from a ``tool_calls`` entry (``arguments`` a JSON string or a mapping). Raises ``ValueError``
+        when the arguments are not a JSON object."""
+        function = entry.get("function", entry)
+        arguments = function.get("arguments") or {}
+        if isinstance(arguments, str):
+            arguments = json.loads(arguments)
+        if not isinstance(arguments, dict):
+            raise ValueError(f"tool call arguments must be a JSON object, got {arguments!r}")
+        return cls(str(function["name"]), arguments)
+
+    def __str__(self) -> str:
+        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.arguments.items())})"
 
 
 class MalformedToolCall(NamedTuple):
@@ -68,23 +93,23 @@ class MalformedToolCall(NamedTuple):
 class ParsedToolCalls:
     """An answer split into its tool calls and the text around them."""
 
-    calls: tuple[ToolCall, ...]  # the well-formed calls, in order
+    calls: tuple[FunctionCall, ...]  # the well-formed calls, in order
     content: str  # the text outside the blocks (well-formed or not), stripped; "" when there is none
     malformed: tuple[MalformedToolCall, ...] = ()  # the blocks that could not be read, in order
 
     def __post_init__(self) -> None:
-        assert all(isinstance(call, ToolCall) for call in self.calls), self.calls
+        assert all(isinstance(call, FunctionCall) for call in self.calls), self.calls
 
 
-def format_tool_calls(calls: list[ToolCall] | tuple[ToolCall, ...]) -> str:
+def format_tool_calls(calls: list[FunctionCall] | tuple[FunctionCall, ...]) -> str:
     """The text the chat templates render for an assistant message made only of ``calls`` (no content)."""
     return "\n".join(
-        f'{TOOL_CALL_OPEN}\n{{"name": "{call.name}", "arguments": {call.arguments_json()}}}\n{TOOL_CALL_CLOSE}'
+        f'{TOOL_CALL_OPEN}\n{{"name": "{call.name}", "arguments": {call.arguments_json}}}\n{TOOL_CALL_CLOSE}'
         for call in calls
     )
 
 
-def _read_block(body: str) -> ToolCall | str:
+def _read_block(body: str) -> FunctionCall | str:
     """The call in one block's body, or the reason there is none."""
     try:
         value = json.loads(body)
@@ -102,14 +127,14 @@ def _read_block(body: str) -> ToolCall | str:
             return "'arguments' is a string that is not JSON"
     if not isinstance(arguments, dict):
         return f"'arguments' is a JSON {type(arguments).__name__}, not an object"
-    return ToolCall(name, arguments)
+    return FunctionCall(name, arguments)
 
 
 def parse_tool_calls(text: str) -> ParsedToolCalls:
     """Every ``<tool_call>...</tool_call>`` block in ``text``, read as a call or reported as malformed. Never
     raises; a text without blocks comes back as ``content`` alone. Does not check names or arguments against
     any tool list (the caller knows the tools)."""
-    calls: list[ToolCall] = []
+    calls: list[FunctionCall] = []
     malformed: list[MalformedToolCall] = []
     outside: list[str] = []
     end = 0
@@ -120,7 +145,7 @@ def parse_tool_calls(text: str) -> ParsedToolCalls:
             malformed.append(MalformedToolCall(match.group(0), f"no closing {TOOL_CALL_CLOSE}"))
             continue
         found = _read_block(match.group(1).strip())
-        if isinstance(found, ToolCall):
+        if isinstance(found, FunctionCall):
             calls.append(found)
         else:
             malformed.append(MalformedToolCall(match.group(0), found))
@@ -277,16 +302,16 @@ class ToolCallStream:
         """A whole free-output block: a call (its arguments as written, when written as the templates write
         them) or, when it is not one, content."""
         found = _read_block(body.strip())
-        if not isinstance(found, ToolCall):
+        if not isinstance(found, FunctionCall):
             return [self._content(TOOL_CALL_OPEN + body + TOOL_CALL_CLOSE)]
         head = _HEAD.match(body)
         written = body[head.end() :].rstrip() if head else ""
-        arguments = written[:-1].rstrip() if written.endswith("}") else found.arguments_json()
+        arguments = written[:-1].rstrip() if written.endswith("}") else found.arguments_json
         try:
             if json.loads(arguments) != found.arguments:
-                arguments = found.arguments_json()
+                arguments = found.arguments_json
         except json.JSONDecodeError:
-            arguments = found.arguments_json()
+            arguments = found.arguments_json
         self.num_calls += 1
         return [CallStart(self.num_calls - 1, found.name), ArgumentsPiece(self.num_calls - 1, arguments)]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from .desktop import POLICY, DesktopApp, Observation, StepResult
 from .episodes import Episode, EpisodeStep, expert_episode
 from .messages import SCREEN_TEXT, agent_messages, image_data_url, message_images
-from .tools import TOOLS, ToolCall, hermes_text, parse_tool_calls, tool_specs
+from .tools import TOOLS, FunctionCall, hermes_text, parse_tool_calls, tool_specs
 
 __all__ = [
     "POLICY",
@@ -24,7 +24,7 @@ __all__ = [
     "EpisodeStep",
     "Observation",
     "StepResult",
-    "ToolCall",
+    "FunctionCall",
     "agent_messages",
     "expert_episode",
     "hermes_text",

@@ -34,7 +34,7 @@ from PIL import Image
 
 from ..synthetic import Split
 from .screens import dialog_in_split, render_done, render_ticket, ticket_look_in_split
-from .tools import ToolCall, tool_specs
+from .tools import FunctionCall, tool_specs
 
 __all__ = ["POLICY", "DesktopApp", "Observation", "StepResult"]
 
@@ -65,7 +65,7 @@ class StepResult:
     image: Image.Image  # the screenshot after the action
     is_right: bool  # the call was the one the policy prescribes here
     done: bool  # the episode is over (queue empty, or max_steps reached)
-    expected: ToolCall  # the call that was right
+    expected: FunctionCall  # the call that was right
     kind: str  # the decision's kind: approve, escalate, fill, submit, ok, close
     uses_history: (
         bool  # the right call depended on an earlier step (a returning ticket, a role signed in again)
@@ -102,20 +102,20 @@ class _State:
         return self.tickets[self.queue[self.position]]
 
 
-def _expected(state: _State) -> tuple[ToolCall, str, bool]:
+def _expected(state: _State) -> tuple[FunctionCall, str, bool]:
     """The right call in ``state``, its kind and whether it depends on an earlier step."""
     if state.dialog:
-        return ToolCall("click", {"target": "ok"}), "ok", False
+        return FunctionCall("click", {"target": "ok"}), "ok", False
     ticket = state.ticket
     if ticket.ticket_id in state.escalated:
-        return ToolCall("click", {"target": "close"}), "close", True
+        return FunctionCall("click", {"target": "close"}), "close", True
     if ticket.red:
         if state.role == "admin":
-            return ToolCall("click", {"target": "approve"}), "approve", state.role_changed
-        return ToolCall("escalate", {"item": "ticket"}), "escalate", state.role_changed
+            return FunctionCall("click", {"target": "approve"}), "approve", state.role_changed
+        return FunctionCall("escalate", {"item": "ticket"}), "escalate", state.role_changed
     if ticket.field_text:
-        return ToolCall("click", {"target": "submit"}), "submit", False
-    return ToolCall("fill", {"field": "note", "text": state.role}), "fill", state.role_changed
+        return FunctionCall("click", {"target": "submit"}), "submit", False
+    return FunctionCall("fill", {"field": "note", "text": state.role}), "fill", state.role_changed
 
 
 def _advance(state: _State) -> str:
@@ -261,7 +261,7 @@ class DesktopApp:
         """The app's actions as OpenAI function tool specs (a fresh copy)."""
         return tool_specs()
 
-    def expected_call(self) -> ToolCall | None:
+    def expected_call(self) -> FunctionCall | None:
         """The call the policy prescribes now (``None`` once the episode is over)."""
         return None if self.done else _expected(self._require())[0]
 
@@ -282,7 +282,7 @@ class DesktopApp:
             raise RuntimeError("the episode is over: call reset(seed) to start another")
         state = self._require()
         expected, kind, uses_history = _expected(state)
-        call = ToolCall(str(name), dict(arguments or {}))
+        call = FunctionCall(str(name), dict(arguments or {}))
         is_right = call == expected
         self.num_steps += 1
         if is_right:

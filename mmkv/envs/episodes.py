@@ -15,7 +15,7 @@ from PIL import Image
 from ..synthetic import Split
 from .desktop import DesktopApp
 from .messages import ScreenshotIn, agent_messages
-from .tools import ToolCall, tool_specs
+from .tools import FunctionCall, tool_specs
 
 __all__ = ["Episode", "EpisodeStep", "expert_episode"]
 
@@ -24,7 +24,7 @@ __all__ = ["Episode", "EpisodeStep", "expert_episode"]
 class EpisodeStep:
     """One right step."""
 
-    call: ToolCall  # the right call
+    call: FunctionCall  # the right call
     result: str  # the tool's text result
     image: Image.Image  # the screenshot after it
     kind: str  # approve, escalate, fill, submit, ok or close

@@ -25,7 +25,7 @@ from typing import Literal, Protocol
 
 from PIL import Image
 
-from .tools import ToolCall
+from .tools import FunctionCall
 
 __all__ = ["SCREEN_TEXT", "ScreenshotIn", "StepLike", "agent_messages", "image_data_url", "message_images"]
 
@@ -38,7 +38,7 @@ SCREEN_TEXT = (
 class StepLike(Protocol):
     """One step of an episode as ``agent_messages`` reads it (``EpisodeStep`` is one)."""
 
-    call: ToolCall  # what the agent called
+    call: FunctionCall  # what the agent called
     result: str  # the tool's text result
     image: Image.Image  # the screenshot after the call
 

@@ -1,9 +1,8 @@
-"""The desktop's actions as OpenAI function tools, and tool calls as records, hermes text and OpenAI messages.
-
-A ``ToolCall`` is a name and a mapping of arguments. Its arguments are serialised with ``json.dumps`` and the
-default separators (``{"target": "approve"}``), the form the small checkpoints are trained to emit, so that a
-history an agent resends re-renders to the same text. ``hermes_text`` is exactly what the chat templates render
-for an assistant tool call (``mmkv/model/templates.py``)::
+"""The desktop's actions as OpenAI function tools; calls are ``mmkv.toolcalls.FunctionCall`` s (a name and a
+mapping of arguments, serialised with ``json.dumps``' default separators: ``{"target": "approve"}``, the form the
+small checkpoints are trained to emit, so a history an agent resends re-renders to the same text).
+``hermes_text`` is exactly what the chat templates render for an assistant tool call
+(``mmkv/model/templates.py``)::
 
     <tool_call>
     {"name": "click", "arguments": {"target": "approve"}}
@@ -15,11 +14,11 @@ for an assistant tool call (``mmkv/model/templates.py``)::
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass, field
-from typing import Any
 
-__all__ = ["TOOLS", "ToolCall", "hermes_text", "parse_tool_calls", "tool_specs"]
+from ..toolcalls import FunctionCall, format_tool_calls
+from ..toolcalls import parse_tool_calls as read_tool_calls
+
+__all__ = ["TOOLS", "FunctionCall", "hermes_text", "parse_tool_calls", "tool_specs"]
 
 CLICK_TARGETS = ("approve", "submit", "ok", "close")
 FIELDS = ("note",)
@@ -50,66 +49,16 @@ def tool_specs() -> list[dict]:
     return json.loads(json.dumps(TOOLS))
 
 
-@dataclass(frozen=True)
-class ToolCall:
-    """One function call."""
-
-    name: str  # the tool's name, e.g. "click"
-    arguments: dict[str, Any] = field(default_factory=dict)  # e.g. {"target": "approve"}
-
-    @property
-    def arguments_json(self) -> str:
-        """The arguments as the model emits them: ``json.dumps`` with the default separators."""
-        return json.dumps(self.arguments)
-
-    def to_openai(self, call_id: str) -> dict:
-        """The entry of an assistant message's ``tool_calls`` (``function.arguments`` a JSON string)."""
-        return {
-            "id": call_id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": self.arguments_json},
-        }
-
-    @classmethod
-    def from_openai(cls, entry: dict) -> ToolCall:
-        """Back from a ``tool_calls`` entry (``arguments`` a JSON string or a mapping). Raises ``ValueError``
-        when the arguments are not a JSON object."""
-        function = entry.get("function", entry)
-        arguments = function.get("arguments") or {}
-        if isinstance(arguments, str):
-            arguments = json.loads(arguments)
-        if not isinstance(arguments, dict):
-            raise ValueError(f"tool call arguments must be a JSON object, got {arguments!r}")
-        return cls(str(function["name"]), arguments)
-
-    def __str__(self) -> str:
-        inner = ", ".join(f"{k}={v}" for k, v in self.arguments.items())
-        return f"{self.name}({inner})"
-
-
-def hermes_text(call: ToolCall) -> str:
+def hermes_text(call: FunctionCall) -> str:
     """The assistant's tool call as the chat template renders it (no ``<|im_end|>``).
 
-    >>> hermes_text(ToolCall("click", {"target": "ok"}))
+    >>> hermes_text(FunctionCall("click", {"target": "ok"}))
     '<tool_call>\\n{"name": "click", "arguments": {"target": "ok"}}\\n</tool_call>'
     """
-    return f'<tool_call>\n{{"name": "{call.name}", "arguments": {call.arguments_json}}}\n</tool_call>'
+    return format_tool_calls([call])
 
 
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-
-
-def parse_tool_calls(text: str) -> list[ToolCall]:
-    """Every well-formed hermes tool call in ``text``, in order: a JSON object with a string ``name`` and an
-    object ``arguments``; anything else between the tags is skipped. Pure."""
-    calls = []
-    for block in _BLOCK.findall(text):
-        try:
-            body = json.loads(block)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(body, dict) and isinstance(body.get("name"), str):
-            arguments = body.get("arguments", {})
-            if isinstance(arguments, dict):
-                calls.append(ToolCall(body["name"], arguments))
-    return calls
+def parse_tool_calls(text: str) -> list[FunctionCall]:
+    """Every well-formed hermes tool call in ``text``, in order (``mmkv.toolcalls.parse_tool_calls``' calls;
+    anything else between the tags is skipped). Pure."""
+    return list(read_tool_calls(text).calls)

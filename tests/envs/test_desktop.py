@@ -7,7 +7,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from mmkv.envs import POLICY, DesktopApp, ToolCall, expert_episode
+from mmkv.envs import POLICY, DesktopApp, FunctionCall, expert_episode
 from mmkv.envs.screens import DIALOG_FRAME
 from mmkv.synthetic import COLOURS, FIELD_FILL, picture_digest, picture_split
 
@@ -18,7 +18,7 @@ def _pixels_have(image, colour) -> bool:
     return bool((np.asarray(image).reshape(-1, 3) == colour).all(1).any())
 
 
-def _reader(policy: str, texts: list[str], image) -> ToolCall:
+def _reader(policy: str, texts: list[str], image) -> FunctionCall:
     """The right call worked out from what an agent sees: the policy's role (or the latest sign-in), the
     tickets escalated and not yet closed (from the tool results), and the screenshot's pixels."""
     role = "admin" if "account_role: admin." in policy else "viewer"
@@ -32,18 +32,18 @@ def _reader(policy: str, texts: list[str], image) -> ToolCall:
                 marker(words[words.index(verb) + 2])
     opened = [t.split("Opened ticket ")[-1].split(".")[0] for t in texts if "Opened ticket " in t][-1]
     if _pixels_have(image, DIALOG_FRAME):
-        return ToolCall("click", {"target": "ok"})
+        return FunctionCall("click", {"target": "ok"})
     if opened in escalated:
-        return ToolCall("click", {"target": "close"})
+        return FunctionCall("click", {"target": "close"})
     if _pixels_have(image, COLOURS["red"]):
         return (
-            ToolCall("click", {"target": "approve"})
+            FunctionCall("click", {"target": "approve"})
             if role == "admin"
-            else ToolCall("escalate", {"item": "ticket"})
+            else FunctionCall("escalate", {"item": "ticket"})
         )
     if _pixels_have(image, FIELD_FILL):
-        return ToolCall("click", {"target": "submit"})
-    return ToolCall("fill", {"field": "note", "text": role})
+        return FunctionCall("click", {"target": "submit"})
+    return FunctionCall("fill", {"field": "note", "text": role})
 
 
 def test_the_right_call_follows_from_the_screen_the_policy_and_the_history():

@@ -10,7 +10,7 @@ import pytest
 
 from mmkv.envs import (
     SCREEN_TEXT,
-    ToolCall,
+    FunctionCall,
     agent_messages,
     expert_episode,
     hermes_text,
@@ -53,7 +53,7 @@ def test_the_message_list_has_the_agent_loop_shape(episode):
         (entry,) = call["tool_calls"]
         assert entry["id"] == result["tool_call_id"] == f"call_{k}" and entry["type"] == "function"
         assert entry["function"]["arguments"] == json.dumps(episode.steps[k].call.arguments)
-        assert ToolCall.from_openai(entry) == episode.steps[k].call
+        assert FunctionCall.from_openai(entry) == episode.steps[k].call
         assert (
             result["content"] if isinstance(result["content"], str) else result["content"][0]["text"]
         ) == (episode.steps[k].result)
@@ -121,10 +121,10 @@ def test_a_resent_history_re_renders_the_same_text(episode, tiny, screenshot_in)
 
 def test_parse_tool_calls_skips_malformed_blocks():
     text = '<tool_call>\n{"name": "click", "arguments": {"target": "ok"}}\n</tool_call><tool_call>{oops}</tool_call>'
-    assert parse_tool_calls(text) == [ToolCall("click", {"target": "ok"})]
+    assert parse_tool_calls(text) == [FunctionCall("click", {"target": "ok"})]
     assert (
         parse_tool_calls('<tool_call>{"name": 3}</tool_call>') == [] and parse_tool_calls("click(ok)") == []
     )
-    assert hermes_text(ToolCall("fill", {"field": "note", "text": "admin"})) == (
+    assert hermes_text(FunctionCall("fill", {"field": "note", "text": "admin"})) == (
         '<tool_call>\n{"name": "fill", "arguments": {"field": "note", "text": "admin"}}\n</tool_call>'
     )

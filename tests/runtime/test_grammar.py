@@ -30,7 +30,7 @@ from mmkv.runtime.grammar import (
     vocabulary,
     vocabulary_of,
 )
-from mmkv.toolcalls import ToolCall, format_tool_calls, parse_tool_calls
+from mmkv.toolcalls import FunctionCall, format_tool_calls, parse_tool_calls
 
 # one or more calls as the templates write them, newline-joined, nothing else
 _BLOCK = r'<tool_call>\n\{"name": "[\w-]+", "arguments": \{.*?\}\}\n</tool_call>'
@@ -209,7 +209,7 @@ def test_tool_calls_parse_and_validate(handle, parallel):
         by_name = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
         named = rng.choice(list(by_name)) if seed % 2 else None
         spec = tool_calls(tools, {"name": named} if named else "required", parallel=parallel)
-        longest = max(len(format_tool_calls([ToolCall(n, {})])) + max_bytes(p) for n, p in by_name.items())
+        longest = max(len(format_tool_calls([FunctionCall(n, {})])) + max_bytes(p) for n, p in by_name.items())
         steps = 20 * (longest + 1) if parallel else longest + 1
         constraint = compile_grammar(vocab, spec).start()
         ids = drive(constraint, handle.tokenizer, vocab, seed, max_steps=steps + 1, is_complete=is_hermes)
@@ -308,7 +308,7 @@ def hermes_tokenizer():
             "label": rng.choice(["ok", "a b", ""]),
             "also": [],
         }
-        corpus.append(format_tool_calls([ToolCall(rng.choice(["tap", "type_text"]), args)]))
+        corpus.append(format_tool_calls([FunctionCall(rng.choice(["tap", "type_text"]), args)]))
     tokenizer = copy.deepcopy(train_tokenizer(corpus, 2000))
     tokenizer.add_tokens(
         [AddedToken(tag, special=False, normalized=False) for tag in ("<tool_call>", "</tool_call>")]
@@ -338,7 +338,7 @@ def test_the_models_own_tokenization_is_allowed(hermes_tokenizer):
     for seed in range(NUM_CASES):
         rng = random.Random(seed)
         calls = [
-            ToolCall(
+            FunctionCall(
                 rng.choice(["tap", "type_text"]),
                 {"at": [rng.randint(0, 99)], "label": rng.choice(["ok", "x y"]), "also": []},
             )
@@ -442,4 +442,4 @@ def test_a_tool_without_parameters_takes_empty_arguments(handle):
     constraint = constraint_for(handle, tool_calls([{"type": "function", "function": {"name": "noop"}}]))
     assert isinstance(constraint, GrammarConstraint)
     ids = drive(constraint, handle.tokenizer, vocabulary_of(handle), seed=0, max_steps=200)
-    assert handle.tokenizer.decode(ids, skip_special_tokens=True) == format_tool_calls([ToolCall("noop", {})])
+    assert handle.tokenizer.decode(ids, skip_special_tokens=True) == format_tool_calls([FunctionCall("noop", {})])

@@ -9,9 +9,9 @@ import pytest
 
 import mmkv
 from mmkv.toolcalls import (
+    FunctionCall,
     MalformedToolCall,
     ParsedToolCalls,
-    ToolCall,
     format_tool_calls,
     parse_tool_calls,
 )
@@ -32,10 +32,10 @@ def _random_value(rng: random.Random, depth: int = 0):
     return {f"k{i}": _random_value(rng, depth + 1) for i in range(rng.randint(0, 3))}
 
 
-def _random_calls(rng: random.Random) -> list[ToolCall]:
+def _random_calls(rng: random.Random) -> list[FunctionCall]:
     names = ["click", "type_text", "scroll-down"]
     return [
-        ToolCall(rng.choice(names), {f"k{i}": _random_value(rng, 1) for i in range(rng.randint(0, 3))})
+        FunctionCall(rng.choice(names), {f"k{i}": _random_value(rng, 1) for i in range(rng.randint(0, 3))})
         for _ in range(rng.randint(1, 3))
     ]
 
@@ -44,7 +44,7 @@ def _random_calls(rng: random.Random) -> list[ToolCall]:
 def test_format_matches_the_chat_template(model):
     """format_tool_calls writes exactly what the family's template renders for an assistant message of calls."""
     processor = mmkv.load(model, device="cpu").processor
-    calls = [ToolCall("click", {"target": "ok", "at": [1, 2]}), ToolCall("type_text", {"text": 'né "x"'})]
+    calls = [FunctionCall("click", {"target": "ok", "at": [1, 2]}), FunctionCall("type_text", {"text": 'né "x"'})]
     messages = [
         {"role": "user", "content": "Go."},
         {
@@ -70,16 +70,16 @@ def test_whitespace_and_surrounding_text_are_tolerated():
     """Whitespace around the JSON and text around the blocks are fine; the text comes back as content."""
     text = 'Sure.\n<tool_call>  {"name": "a", "arguments": {"x": 1}}  </tool_call>\n\n<tool_call>\n{"name":"b",\n"arguments":{}}\n</tool_call> done'
     parsed = parse_tool_calls(text)
-    assert parsed.calls == (ToolCall("a", {"x": 1}), ToolCall("b", {}))
+    assert parsed.calls == (FunctionCall("a", {"x": 1}), FunctionCall("b", {}))
     assert parsed.content == "Sure.\ndone" and parsed.malformed == ()
     name, arguments = parsed.calls[0]
-    assert (name, arguments) == ("a", {"x": 1}) and parsed.calls[0].arguments_json() == '{"x": 1}'
+    assert (name, arguments) == ("a", {"x": 1}) and parsed.calls[0].arguments_json == '{"x": 1}'
 
 
 def test_arguments_as_a_json_string_are_decoded():
     """Arguments written as a JSON string that holds an object are read as that object."""
     parsed = parse_tool_calls('<tool_call>{"name": "a", "arguments": "{\\"x\\": 2}"}</tool_call>')
-    assert parsed.calls == (ToolCall("a", {"x": 2}),)
+    assert parsed.calls == (FunctionCall("a", {"x": 2}),)
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def test_malformed_blocks_are_reported(body, reason):
     good = '<tool_call>\n{"name": "ok", "arguments": {}}\n</tool_call>'
     bad = f"<tool_call>\n{body}\n</tool_call>"
     parsed = parse_tool_calls(good + "\n" + bad)
-    assert parsed.calls == (ToolCall("ok", {}),) and parsed.content == ""
+    assert parsed.calls == (FunctionCall("ok", {}),) and parsed.content == ""
     assert len(parsed.malformed) == 1 and parsed.malformed[0].text == bad
     assert reason in parsed.malformed[0].reason
 
