@@ -14,11 +14,10 @@ reference the others are scored against. Arms:
   recomputed;
 - ``kv-no-seam``: kv-shifted with seam 0; ``kv-temporal-only``: also only the temporal rotary channels
   re-rotated (ablation); ``kv-no-rotate``: seam 0 and no re-rotation at all (control);
-- repairs beyond the seam (``TurnPolicy.repair``; kv-shifted, ``--seam`` tokens recomputed, then a budget of the
-  rest): ``kv-shifted-s16`` (seam 16), ``kv-shifted-seam-5%`` (the next 5% of each image's tokens: a longer seam,
-  the same count as the ranked arms), ``kv-shifted-dev-5%`` / ``-25%`` (the tokens whose layer-1 KV deviates most
-  in the new context), ``kv-shifted-att-5%`` / ``-25%`` (those the question attends to most). ``img recomputed``
-  reports the share of spliced images' tokens each arm computed in context, ``repair ms`` what choosing cost.
+- repairs beyond the seam (``TurnPolicy.repair``: kv-shifted, then a budget of each image's other tokens):
+  ``kv-shifted-s16`` (seam 16), ``-seam-5%`` (the next 5%: a longer seam, as many tokens as the ranked arms),
+  ``-dev-5%`` / ``-25%`` (those whose layer-1 KV deviates most in the new context), ``-att-5%`` / ``-25%`` (those
+  the question attends to most); ``img recomputed``: images' tokens computed in context, ``repair ms``: choosing.
 
 Each arm of each sample warms its own fresh stores, then runs one measured pass in a fresh session:
 ``next_token_logits(question)`` gives the first-token logits (cosine against ``none``) and the time to first token
@@ -64,43 +63,19 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mmkv  # noqa: E402
-from evals.report import (  # noqa: E402
-    VQA_METRICS,
-    cells,
-    default_out,
-    script_main,
-    vqa_markdown,
-    vqa_plot,
-    write_results,
-)
-from evals.tasks import (  # noqa: E402
-    CATEGORIES,
-    Sample,
-    load_jsonl,
-    make_samples,
-    normalise_answer,
-    sample_session,
-)
+from evals.report import VQA_METRICS, cells, default_out, script_main, vqa_markdown, vqa_plot, write_results  # noqa: E402
+from evals.tasks import CATEGORIES, Sample, load_jsonl, make_samples, normalise_answer, sample_session  # noqa: E402
 from mmkv.cache import EncoderStore, KVStore  # noqa: E402
 from mmkv.cli import HelpFormatter  # noqa: E402
 
 __all__ = [
-    "ARM_NAMES",
-    "REPAIR_ARMS",
-    "MIN_SHIFT",
-    "Arm",
-    "aggregate",
-    "build_parser",
-    "build_session",
-    "image_starts",
-    "make_arms",
-    "run",
-    "score_sample",
-]
+    "ARM_NAMES", "MIN_SHIFT", "REPAIR_ARMS", "Arm", "aggregate", "build_parser", "build_session", "image_starts",
+    "make_arms", "run", "score_sample",
+]  # fmt: skip
 
 # kv-shifted arms: the least distance (positions) between where an image was cached and where it is placed
 MIN_SHIFT = 100
-REPAIR_ARMS = {  # shifted-context arms with a repair beyond the seam: name -> (seam or None for --seam, repair, budget)
+REPAIR_ARMS = {  # kv-shifted with a repair beyond the seam: name -> (seam, None for --seam; repair; budget)
     "kv-shifted-s16": (16, "seam", None),
     "kv-shifted-seam-5%": (None, "seam", 0.05),
     "kv-shifted-dev-5%": (None, "deviation", 0.05),
@@ -108,16 +83,7 @@ REPAIR_ARMS = {  # shifted-context arms with a repair beyond the seam: name -> (
     "kv-shifted-dev-25%": (None, "deviation", 0.25),
     "kv-shifted-att-25%": (None, "attention", 0.25),
 }
-ARM_NAMES = (
-    "none",
-    "encoder",
-    "kv",
-    "kv-shifted",
-    "kv-no-seam",
-    "kv-temporal-only",
-    "kv-no-rotate",
-    *REPAIR_ARMS,
-)
+ARM_NAMES = ("none", "encoder", "kv", "kv-shifted", "kv-no-seam", "kv-temporal-only", "kv-no-rotate", *REPAIR_ARMS)  # fmt: skip
 # asked by the shifted-context warm pass (its answer is never decoded)
 WARM_QUESTION = "Describe the pictures."
 FILLER_SENTENCES = (  # the unrelated system message that precedes the images in the shifted-context warm pass
@@ -146,13 +112,9 @@ def make_arms(seam: int = 1) -> dict[str, Arm]:
     """All arms by name (``seam``: tokens recomputed per spliced image in ``kv`` and ``kv-shifted``)."""
     kv0 = mmkv.SessionConfig.of(reuse="kv", seam=0)
     repaired = {
-        name: Arm(
-            name,
-            mmkv.SessionConfig.of(seam=seam if k is None else k, repair=repair, budget=budget),
-            "shifted",
-        )
+        name: Arm(name, mmkv.SessionConfig.of(seam=seam if k is None else k, repair=repair, budget=budget), "shifted")
         for name, (k, repair, budget) in REPAIR_ARMS.items()
-    }
+    }  # fmt: skip
     return repaired | {
         "none": Arm("none", mmkv.SessionConfig.of(reuse="none"), "none"),
         "encoder": Arm("encoder", mmkv.SessionConfig.of(reuse="encoder"), "same"),
@@ -236,9 +198,7 @@ class _Pass:
     sources: tuple[str, ...]  # where each image's KV / vision outputs came from in the timed call
     prompt_tokens: int  # tokens in the prompt
     prefilled_tokens: int  # prompt tokens the timed call ran through the language model
-    repair: (
-        mmkv.runtime.RepairStats
-    )  # what the timed call recomputed of the spliced KV, and the ranking's cost
+    repair: mmkv.runtime.RepairStats  # what the timed call recomputed of the spliced KV; the ranking's cost
 
 
 def _measured_pass(session: mmkv.Session, question: str, max_new_tokens: int) -> _Pass:
@@ -249,9 +209,7 @@ def _measured_pass(session: mmkv.Session, question: str, max_new_tokens: int) ->
     prefill = session.last_prefill
     answer = session.ask(question, max_new_tokens=max_new_tokens)
     sources = tuple(r.reused_from for r in prefill.images)
-    return _Pass(
-        logits, prefill.seconds, answer, sources, prefill.prompt_tokens, prefill.prefilled, prefill.repair
-    )
+    return _Pass(logits, prefill.seconds, answer, sources, prefill.prompt_tokens, prefill.prefilled, prefill.repair)  # fmt: skip
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -344,8 +302,8 @@ def aggregate(records: Sequence[dict], resamples: int = 1000, seed: int = 0) -> 
     ``ttft_s`` (median), ``speedup`` (median none TTFT / median arm TTFT, paired per sample) and
     ``reused_fraction`` (prompt tokens not run through the model / prompt tokens, over the cell),
     ``image_recomputed`` (spliced images' tokens computed in context / their tokens) and ``repair_ms`` (median
-    ranking time) with seeded bootstrap intervals; and ``min_abs_shift`` / ``max_abs_shift`` (kv arms: the least / largest image shift
-    over the cell's samples, in positions; else None). Pure (no model needed). Arms in ``ARM_NAMES`` order,
+    ranking time) with seeded bootstrap intervals (each metric only when the records hold its fields); and
+    ``min_abs_shift`` / ``max_abs_shift`` (kv arms: the least / largest image shift over the cell's samples). Pure (no model needed). Arms in ``ARM_NAMES`` order,
     categories in order of first appearance, then ``"all"``."""
 
     def shift(pick, key: str):
