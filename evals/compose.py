@@ -25,6 +25,9 @@ or said in words (``text``). Arms, each in a fresh session:
   ``seam`` the next tokens, ``deviation`` those whose layer-1 KV moves most in the new context, ``attention``
   those the question attends to most; ``TurnPolicy.repair``), ``B`` percent of the segment's other tokens
   (``--budgets``, 5% by default);
+- ``patch r=R s=K`` (``use`` direction only): the segment with a stored low-rank correction (``SegmentPatch``,
+  Kamera's idea; rank ``--patch-rank``, 4), fitted on its KV as computed after calibration preambles of the
+  *other* styles (256 and 1024 tokens, seeds no test preamble uses), spliced with seam ``K``;
 - ``erratum`` / ``suffix``: the unified edit+compose case. The segment compiled with the *other* role is spliced
   (seam 1), the context prefilled, then the field is edited to the sample's role by an appended erratum or
   by recomputing from the field on (``Session.edit``); scored against ``full`` with the sample's role.
@@ -48,7 +51,6 @@ sample (``score_sample``) is kept apart from aggregating (``aggregate``), like `
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import time
 from collections.abc import Sequence
@@ -63,6 +65,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 import mmkv  # noqa: E402
 from evals.edit import FLIP, GATES, TEMPLATE, edit_samples  # noqa: E402
+from evals.preambles import STYLES, calibration_texts, make_preamble  # noqa: E402
 from evals.report import (  # noqa: E402
     COMPOSE_METRICS,
     cells,
@@ -80,36 +83,26 @@ from evals.tasks import (  # noqa: E402
     normalise_answer,
 )
 from mmkv.cli import HelpFormatter  # noqa: E402
+from mmkv.runtime.patch import fit_patch  # noqa: E402
 
 __all__ = [
     "KINDS", "STYLES", "aggregate", "arm_names", "compose_samples", "make_preamble", "repair_arm", "run",
     "score_sample",
 ]  # fmt: skip
 
-KINDS = ("full", "splice", "no-rotate", "repair", "erratum", "suffix")
-STYLES = ("notes", "archive", "log")  # preamble texts
+KINDS = ("full", "splice", "no-rotate", "repair", "patch", "erratum", "suffix")
 EDIT_SEAM = 1  # the seam of the edit arms' splice
 SHORT = {"seam": "seam", "deviation": "dev", "attention": "att"}  # repair -> arm label
-_PAGES = ("settings", "billing", "inbox", "reports", "profile", "search results", "audit log", "dashboard")
-_ACTS = ("opened", "scrolled", "closed", "refreshed", "filtered", "exported", "reviewed", "bookmarked")
-_ARCHIVE = (
-    "The reading room extended its opening hours for the {n}th winter season.",
-    "Volunteers catalogued {n} donated atlases and sorted the periodicals by year.",
-    "A lecture on the history of coastal lighthouses is planned for room {n}.",
-    "The heating in the east wing was repaired after the storm; {n} radiators were replaced.",
-    "Visitors returned {n} borrowed umbrellas to the stand by the door.",
-    "The map collection moved to shelf {n} after the flood in the basement.",
-)
-_TOOLS = ("open_file", "search", "read_page", "list_dir", "run_query", "fetch_url")
 
 
 def arm_names(seams: Sequence[int], repairs: Sequence[tuple[str, float]] = (), repair_seam: int = 1,
-              kinds: Sequence[str] = KINDS) -> list[str]:  # fmt: skip
+              kinds: Sequence[str] = KINDS, patch_rank: int = 4) -> list[str]:  # fmt: skip
     """The arm labels in report order: ``full``, ``splice s=K`` and ``no-rotate s=K`` per seam, each repair
-    (``repair_arm``), the edit arms; only those of ``kinds``."""
+    (``repair_arm``), the patch, the edit arms; only those of ``kinds``."""
     names = [("full", "full")]
     names += [(k, f"{k} s={s}") for k in ("splice", "no-rotate") for s in seams]
     names += [("repair", repair_arm(r, b, repair_seam)) for r, b in repairs]
+    names += [("patch", f"patch r={patch_rank} s={repair_seam}")]
     names += [("erratum", "erratum"), ("suffix", "suffix")]
     return [name for kind, name in names if kind in kinds]
 
@@ -117,32 +110,6 @@ def arm_names(seams: Sequence[int], repairs: Sequence[tuple[str, float]] = (), r
 def repair_arm(repair: str, budget: float, seam: int) -> str:
     """The label of a repair arm: ``"dev 5% s=1"``."""
     return f"{SHORT[repair]} {100 * budget:g}% s={seam}"
-
-
-def make_preamble(tokenizer, tokens: int, seed: int, style: str = "notes") -> str:
-    """A preamble of ``style`` (``STYLES``: notes of a previous session, an archive of unrelated library notes,
-    a log of tool calls and results; seeded), at least ``tokens`` tokens long as ``tokenizer`` counts them, ending
-    with a blank line. ``tokens`` 0 gives ``""``."""
-    if style not in STYLES:
-        raise ValueError(f"unknown preamble style {style!r}; choose from {STYLES}")
-    if tokens <= 0:
-        return ""
-    rng = random.Random(seed)
-    lines = [{"notes": "Notes from earlier steps.", "archive": "Archive notes.", "log": "Tool log."}[style]]
-    while len(tokenizer("\n".join(lines))["input_ids"]) < tokens:
-        if style == "notes":
-            lines.append(
-                f"Step {len(lines)}: {rng.choice(_ACTS)} the {rng.choice(_PAGES)} page; {rng.randint(0, 99)} items, "
-                f"{rng.choice(('none', 'one', 'two'))} flagged, id {rng.randint(1000, 9999)}."
-            )
-        elif style == "archive":
-            lines.append(rng.choice(_ARCHIVE).format(n=rng.randint(2, 99)))
-        else:
-            lines.append(
-                f'call {rng.choice(_TOOLS)}("{rng.choice(_PAGES)}") -> {rng.randint(0, 500)} bytes, '
-                f"status {rng.choice(('ok', 'ok', 'empty', 'retry'))}"
-            )
-    return "\n".join(lines) + "\n\n"
 
 
 def compose_samples(gate: str, n: int, seed: int = 0) -> list[tuple[Sample, str]]:
@@ -170,14 +137,18 @@ def score_sample(
     repair_seam: int = 1,
     kinds: Sequence[str] = KINDS,
     labels: dict | None = None,
+    patched: tuple[str, dict[str, mmkv.text.TextSegment]] | None = None,
 ) -> list[dict]:
     """One record per arm (``arm_names(seams, repairs, repair_seam, kinds)``) for ``sample`` with the policy after
     ``preamble`` (text at the start of the system message; may be ``""``). ``segments`` maps each role to the
     policy precompiled with it; ``shift`` (recorded) is how far the segment moved: the preamble's tokens, or minus
     the tokens it was compiled after. ``labels`` (recorded as they are) tell the record's cell: the requested
-    shift, the preamble style."""
+    shift, the preamble style. ``patched``: the patch arm's label and its corrected segment per role (no patch
+    arm without it)."""
     runs = [("full", 0, None)] + [(k, s, None) for k in ("splice", "no-rotate") for s in seams]
-    runs += [("repair", repair_seam, r) for r in repairs]
+    runs += [("repair", repair_seam, r) for r in repairs] + (
+        [("patch", repair_seam, None)] if patched else []
+    )
     runs += [("erratum", EDIT_SEAM, None), ("suffix", EDIT_SEAM, None)]
     results = {}
     for kind, seam, repair in (run for run in runs if run[0] in kinds or run[0] == "full"):
@@ -187,8 +158,8 @@ def score_sample(
         seconds = 0.0
         if kind == "full":
             session.add_text(TEMPLATE, "system", {AGENTIC_FIELD: role})
-        elif kind in ("splice", "no-rotate", "repair"):
-            session.add_segment(segments[role], seam=seam, role="system")
+        elif kind in ("splice", "no-rotate", "repair", "patch"):
+            session.add_segment((patched[1] if kind == "patch" else segments)[role], seam=seam, role="system")
         else:  # the other role spliced and prefilled, then edited to this sample's role
             session.add_segment(segments[FLIP[role]], seam=seam, role="system")
         add_turns(session, sample)
@@ -212,7 +183,12 @@ def score_sample(
     reference = results[("full", 0, None)]
     records = []
     for (kind, seam, repair), r in results.items():
-        label = {"splice": f"splice s={seam}", "no-rotate": f"no-rotate s={seam}"}.get(kind, kind)
+        label = {
+            "splice": f"splice s={seam}",
+            "no-rotate": f"no-rotate s={seam}",
+            "patch": patched and patched[0],
+        }
+        label = label.get(kind) or kind
         records.append(
             {
                 "arm": repair_arm(*repair, seam) if repair else label,
@@ -232,7 +208,7 @@ def score_sample(
                 "prompt_tokens": r["prompt_tokens"],
                 "segment_tokens": 0 if kind == "full" else r["segment_tokens"],
                 "segment_recomputed": r["repair"].recomputed
-                if kind in ("splice", "no-rotate", "repair")
+                if kind not in ("full", "erratum", "suffix")
                 else 0,
                 "repair_s": r["repair"].seconds,
                 "pass_tokens": r["repair"].pass_tokens,
@@ -243,12 +219,14 @@ def score_sample(
     return records
 
 
-def aggregate(records: Sequence[dict], by: str = "gate", resamples: int = 1000, seed: int = 0) -> dict:
-    """Per arm (in ``records``' order of first appearance) and value of ``by`` (``"gate"``, ``"shift"``,
+def aggregate(
+    records: Sequence[dict], by: str = "gate", resamples: int = 1000, seed: int = 0, arms: Sequence[str] = ()
+) -> dict:
+    """Per arm (``arms`` first, then the others in ``records``' order of first appearance) and value of ``by`` (``"gate"``, ``"shift"``,
     ``"target"`` (the requested shift, signed), ``"style"``; and ``"all"``): ``n`` and each of ``COMPOSE_METRICS``
     whose fields the records hold (Wilson 95% for agreement and accuracy, seeded bootstrap for the rest). Pure."""
     metrics = {k: m for k, m in COMPOSE_METRICS.items() if all(key in r for r in records for key in m.keys)}
-    return cells(records, "arm", by, metrics, resamples, seed)
+    return cells(records, "arm", by, metrics, resamples, seed, arms)
 
 
 def run(
@@ -264,6 +242,7 @@ def run(
     budgets: Sequence[float] = (0.05,),
     repair_seam: int = 1,
     kinds: Sequence[str] = KINDS,
+    patch_rank: int = 4,
     device: str | None = None,
     out: str | Path | None = None,
     progress: bool = True,
@@ -291,11 +270,7 @@ def run(
     started = time.perf_counter()
     tokenizer = handle.processor.tokenizer
     cases = [(s, t) for t in texts for s in shifts]  # (requested shift, preamble style): shifts vary fastest
-    preambles = {
-        (s, t): make_preamble(tokenizer, s, seed + s + 7919 * i, t)
-        for s in shifts
-        for i, t in enumerate(texts)
-    }
+    preambles = {(s, t): make_preamble(tokenizer, s, seed + s + 7919 * STYLES.index(t), t) for s, t in cases}
     tokens = {case: len(tokenizer(text)["input_ids"]) if text else 0 for case, text in preambles.items()}
     work = [
         (gate, sample, role, cases[i % len(cases)])
@@ -315,6 +290,17 @@ def run(
         segments |= {
             ("compile", c, r): compiled(opening + preambles[c], r) for c in compile_cases for r in FLIP
         }
+        fitting = time.perf_counter()
+        patched = {}  # style -> role -> the use direction's segment corrected by a patch fitted on other styles
+        if "patch" in kinds and "use" in directions:
+            for style in texts:
+                calibration = calibration_texts(tokenizer, style, seed=seed)
+                patched[style] = {
+                    r: fit_patch(segments[("use", None, r)], [compiled(opening + c, r) for c in calibration], patch_rank)
+                    .apply(segments[("use", None, r)])
+                    for r in FLIP
+                }  # fmt: skip
+        fitting = time.perf_counter() - fitting
 
         def score(gate, sample, role, case, where) -> list[dict]:
             mine = {r: segments[(where, None if where == "use" else case, r)] for r in FLIP}
@@ -322,9 +308,13 @@ def run(
             labels = {"target": sign * case[0], "style": case[1]}
             preamble = (
                 preambles[case] if where == "use" else ""
-            )  # use: spliced after it; compile: compiled after it
+            )  # use: spliced after it; compile: compiled after
+            label = f"patch r={patch_rank} s={repair_seam}"
+            patch = (
+                (label, patched[case[1]]) if preamble and patched else None
+            )  # a patch corrects a moved segment
             return score_sample(handle, sample, role, gate, preamble, mine, seams, sign * tokens[case],
-                                arms_repaired, repair_seam, kinds, labels)  # fmt: skip
+                                arms_repaired, repair_seam, kinds, labels, patch)  # fmt: skip
 
         score(*work[0], directions[0])  # warm-up, discarded
         records = []
@@ -333,15 +323,19 @@ def run(
         ):
             for where in directions:
                 records.extend(score(gate, sample, role, case, where))
-    by_gate, by_target = aggregate(records, "gate", seed=seed), aggregate(records, "target", seed=seed)
-    by_style = aggregate(records, "style", seed=seed)
-    names = arm_names(seams, arms_repaired, repair_seam, kinds)
+    names = arm_names(
+        seams, arms_repaired, repair_seam, kinds if patched else set(kinds) - {"patch"}, patch_rank
+    )
+    by_gate, by_target, by_style = (
+        aggregate(records, by, seed=seed, arms=names) for by in ("gate", "target", "style")
+    )
     results = {
         "settings": {
             "model": name, "family": handle.family.name, "device": str(handle.device), "dtype": str(handle.dtype),
             "n": n, "seed": seed, "shifts": list(shifts), "seams": list(seams), "gates": list(gates),
             "directions": list(directions), "texts": list(texts), "repairs": list(repairs), "budgets": list(budgets),
-            "repair_seam": repair_seam, "kinds": list(kinds), "arms": names,
+            "repair_seam": repair_seam, "kinds": list(kinds), "arms": names, "patch_rank": patch_rank,
+            "patch_fit_seconds": fitting,
             "preamble_tokens": {f"{s} {t}": tokens[(s, t)] for s, t in cases},
             "segment_tokens": {r: next(v.length for k, v in segments.items() if k[2] == r) for r in FLIP},
             "num_samples": len(work), "seconds": time.perf_counter() - started,
@@ -389,6 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--repair-seam", type=int, default=1, help="the seam under the repair arms")
     parser.add_argument(
         "--kinds", nargs="+", choices=KINDS, default=list(KINDS), help="arm kinds (full always)"
+    )
+    parser.add_argument(
+        "--patch-rank", type=int, default=4, help="rank of the patch arm's correction per layer"
     )
     parser.add_argument("--device", default=None, help="cpu or cuda; cuda when available if omitted")
     parser.add_argument("--out", default=None, help="output folder (default runs/compose-<model>)")

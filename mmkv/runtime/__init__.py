@@ -34,6 +34,7 @@ from .plan import (
     plan_replace,
     plan_turn,
 )
+from .patch import PatchStore, SegmentPatch, fit_patch
 from .policy import DEFAULT_BUDGET, REPAIRS, RepairKind
 from .repair import repair_plan
 from .report import Answer, PrefillStats, RepairStats
@@ -46,6 +47,9 @@ __all__ = [
     "REPAIRS",
     "RepairKind",
     "RepairStats",
+    "PatchStore",
+    "SegmentPatch",
+    "fit_patch",
     "repair_plan",
     "AnswerText",
     "DecodeOptions",

@@ -10,6 +10,7 @@ import pytest
 
 from evals.compose import STYLES, arm_names, build_parser, compose_samples, make_preamble, run
 from evals.compose import aggregate as compose_aggregate
+from evals.preambles import calibration_texts
 
 REPAIRS = [("seam", 0.05), ("deviation", 0.05), ("attention", 0.05)]  # the default repair arms
 
@@ -45,19 +46,29 @@ def test_every_arm_gate_shift_and_style_is_written(results):
     res, out = results
     on_disk = json.loads((out / "results.json").read_text())
     names = arm_names([0, 3], REPAIRS)
+    assert names[-3] == "patch r=4 s=1" and res["settings"]["patch_fit_seconds"] > 0
     assert list(on_disk["aggregate"]) == names and list(on_disk["by_shift"]) == names
-    assert names[-5:-2] == ["seam 5% s=1", "dev 5% s=1", "att 5% s=1"]
+    assert names[-6:-3] == ["seam 5% s=1", "dev 5% s=1", "att 5% s=1"]
     shifts = {r["shift"] for r in res["records"]}
     moved = shifts - {0}  # both directions: spliced after the preamble (+), compiled after it (-)
     assert 0 in shifts and len(moved) == 2 and sum(moved) == 0 and min(map(abs, moved)) >= 40
     assert {r["target"] for r in res["records"]} == {0, 40, -40}  # samples: (0, notes), (40, notes), (0, log)
     for arm in names:
         assert set(on_disk["aggregate"][arm]) == {"text", "screen", "all"}
+        if (
+            arm == "patch r=4 s=1"
+        ):  # only where a preamble moved the segment after it: 2 samples, use direction
+            assert on_disk["aggregate"][arm]["all"]["n"] == 2 and set(on_disk["by_shift"][arm]) == {
+                "40",
+                "all",
+            }
+            continue
         assert on_disk["aggregate"][arm]["all"]["n"] == 12  # 6 samples x 2 directions
         assert set(on_disk["by_shift"][arm]) == {"0", "40", "-40", "all"}
         assert set(on_disk["by_style"][arm]) == {"notes", "log", "all"}
     table = (out / "results.md").read_text()
-    assert all(f"| {arm} | all | 12 |" in table for arm in names) and "## By shift" in table
+    assert all(f"| {arm} | all | {2 if arm.startswith('patch') else 12} |" in table for arm in names)
+    assert "## By shift" in table
     assert "## By preamble style" in table and "segment recomputed" in table
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -88,7 +99,7 @@ def test_the_splice_computes_only_the_seam_of_the_segment_and_a_repair_its_budge
         computed, length = round(r["fraction"] * r["prompt_tokens"]), r["segment_tokens"]
         if r["kind"] == "full":
             assert computed == r["prompt_tokens"]
-        elif r["kind"] in ("splice", "no-rotate", "repair"):
+        elif r["kind"] in ("splice", "no-rotate", "repair", "patch"):
             own = r["seam"] + (math.ceil(r["budget"] * (length - r["seam"])) if r["kind"] == "repair" else 0)
             assert computed == r["prompt_tokens"] - length + own and r["segment_recomputed"] == own, r
             assert (r["pass_tokens"] > 0) == (r["repair"] in ("deviation", "attention")), r
@@ -141,3 +152,23 @@ def test_aggregate_is_pure_and_counts_what_it_reads():
         run("tiny-qwen3-vl", n=1, budgets=(2.0,))
     with pytest.raises(ValueError, match="texts"):
         run("tiny-qwen3-vl", n=1, texts=("poetry",))
+
+
+def test_patches_are_fitted_on_other_styles_than_they_are_tested_on(tiny_by_name):
+    """The calibration texts for a style are of the two other styles (two lengths each) and none is a text the eval
+    itself shows (other seeds)."""
+    tokenizer = tiny_by_name["tiny-qwen3-vl"].processor.tokenizer
+    heads = {"notes": "Notes from", "archive": "Archive notes.", "log": "Tool log."}
+    for style in STYLES:
+        texts = calibration_texts(tokenizer, style, lengths=(40, 80))
+        assert len(texts) == 4 and not any(t.startswith(heads[style]) for t in texts)
+        assert {h for t in texts for s, h in heads.items() if t.startswith(h)} == {
+            h for s, h in heads.items() if s != style
+        }
+        shown = {
+            make_preamble(tokenizer, n, seed + n + 7919 * STYLES.index(s), s)
+            for s in STYLES
+            for n in (40, 80)
+            for seed in range(8)
+        }
+        assert not shown & set(texts)
