@@ -113,6 +113,12 @@ def _ratio_of_sums(part: np.ndarray, whole: np.ndarray) -> np.ndarray:
     return part.sum(-1) / whole.sum(-1)
 
 
+def _share(part: np.ndarray, whole: np.ndarray) -> np.ndarray:
+    """``part.sum / whole.sum``, 0 where ``whole`` sums to 0 (a cell, or a resample, with nothing to share)."""
+    total = whole.sum(-1)
+    return np.divide(part.sum(-1), total, out=np.zeros_like(total, dtype=np.float64), where=total > 0)
+
+
 VQA_METRICS = {
     "accuracy": Metric(("correct",)),
     "agreement": Metric(("agree",)),
@@ -120,6 +126,8 @@ VQA_METRICS = {
     "ttft_s": Metric(("ttft_s",), _median),
     "speedup": Metric(("none_ttft_s", "ttft_s"), _paired_speedup),
     "reused_fraction": Metric(("reused_tokens", "prompt_tokens"), _ratio_of_sums),  # of prompt tokens
+    "image_recomputed": Metric(("image_recomputed", "image_tokens"), _share),  # of spliced images' tokens
+    "repair_ms": Metric(("repair_s",), _median, 1e3),  # choosing the repair's tokens (its pass included)
 }
 EDIT_METRICS = {
     "accuracy": Metric(("correct",)),
@@ -136,6 +144,8 @@ COMPOSE_METRICS = {
     "fraction": Metric(("fraction",), _median),
     "ttft_s": Metric(("ttft_s",), _median),
     "speedup": Metric(("full_ttft_s", "ttft_s"), _paired_speedup),
+    "segment_recomputed": Metric(("segment_recomputed", "segment_tokens"), _share),  # of the spliced segment
+    "repair_ms": Metric(("repair_s",), _median, 1e3),
 }
 EPISODE_METRICS = {
     "accuracy": Metric(("correct",)),
@@ -193,6 +203,15 @@ def _column(header: str, key: str, digits: int = 2, scale: float = 1.0, suffix: 
     return header, lambda c: format_interval(c[key], digits, scale) + suffix
 
 
+def _optional(
+    table: dict[str, dict], *columns: Column, keys: Sequence[str] = ("image_recomputed", "repair_ms")
+) -> list[Column]:
+    """``columns`` when every cell of ``table`` has ``keys`` (results written before those metrics existed lack
+    them), else none."""
+    present = all(key in cell for groups in table.values() for cell in groups.values() for key in keys)
+    return list(columns) if present else []
+
+
 def _markdown(table: dict[str, dict], first: str, group: str, columns: Sequence[Column]) -> str:
     lines = [
         "| " + " | ".join([first, group, "n", *(h for h, _ in columns)]) + " |",
@@ -208,12 +227,14 @@ def _markdown(table: dict[str, dict], first: str, group: str, columns: Sequence[
 
 def vqa_markdown(table: dict[str, dict]) -> str:
     """The VQA aggregate, one row per arm and category; ``reused`` is the fraction of prompt tokens not run
-    through the model (spliced), ``shift`` the range of distances between where spliced images were cached and
-    placed."""
+    through the model (spliced), ``img recomputed`` the share of spliced images' tokens computed in context (seam
+    and repair), ``repair ms`` the median time of choosing them, ``shift`` the range of distances between where
+    spliced images were cached and placed."""
     columns = [
         _column("accuracy", "accuracy"), _column("agreement with none", "agreement"),
         _column("logit cosine", "cosine", 5), _column("median TTFT ms", "ttft_s", 1, 1e3),
         _column("speedup", "speedup", suffix="x"), _column("reused", "reused_fraction"),
+        *_optional(table, _column("img recomputed", "image_recomputed", 3), _column("repair ms", "repair_ms", 1)),
         ("shift", lambda c: "" if c["min_abs_shift"] is None else f"{c['min_abs_shift']}-{c['max_abs_shift']}"),
     ]  # fmt: skip
     return _markdown(table, "arm", "category", columns)
@@ -235,6 +256,8 @@ def compose_markdown(table: dict[str, dict], by: str = "gate") -> str:
         _column("agreement with full", "agreement"), _column("accuracy", "accuracy"),
         _column("logit cosine", "cosine", 4), _column("fraction computed", "fraction", 3),
         _column("median TTFT ms", "ttft_s", 1, 1e3), _column("speedup", "speedup", suffix="x"),
+        *_optional(table, _column("segment recomputed", "segment_recomputed", 3),
+                   _column("repair ms", "repair_ms", 1), keys=("segment_recomputed", "repair_ms")),
     ]  # fmt: skip
     return _markdown(table, "arm", by, columns)
 

@@ -13,7 +13,11 @@ reference the others are scored against. Arms:
   at positions at least ``MIN_SHIFT`` = 100 away, spliced at the sample's own positions, ``--seam`` tokens
   recomputed;
 - ``kv-no-seam``: kv-shifted with seam 0; ``kv-temporal-only``: also only the temporal rotary channels
-  re-rotated (ablation); ``kv-no-rotate``: seam 0 and no re-rotation at all (control).
+  re-rotated (ablation); ``kv-no-rotate``: seam 0 and no re-rotation at all (control);
+- repairs beyond the seam (``TurnPolicy.repair``: kv-shifted, then a budget of each image's other tokens):
+  ``kv-shifted-s16`` (seam 16), ``-seam-5%`` (the next 5%: a longer seam, as many tokens as the ranked arms),
+  ``-dev-5%`` / ``-25%`` (those whose layer-1 KV deviates most in the new context), ``-att-5%`` / ``-25%`` (those
+  the question attends to most); ``img recomputed``: images' tokens computed in context, ``repair ms``: choosing.
 
 Each arm of each sample warms its own fresh stores, then runs one measured pass in a fresh session:
 ``next_token_logits(question)`` gives the first-token logits (cosine against ``none``) and the time to first token
@@ -31,6 +35,8 @@ Example runs::
     python evals/vqa.py --model qwen3-vl-8b --device cuda --n 100 --categories agentic trajectory
     python evals/vqa.py --model small-qwen3-vl --categories multihop --arms kv-shifted
     python evals/vqa.py --model tiny-qwen2.5-vl --n 5 --arms kv-shifted kv-no-rotate --seam 2
+    python evals/vqa.py --model small-qwen3-vl --n 50 --seed 5077 --categories multihop trajectory \
+        --arms kv-shifted kv-no-seam kv-shifted-s16 kv-shifted-seam-5% kv-shifted-dev-5% kv-shifted-att-5%
     python evals/vqa.py --model qwen3-vl-8b --jsonl my_tasks.jsonl --out runs/mine
 
 TTFTs are wall-clock: on a CPU shared with other jobs, ``OMP_NUM_THREADS=1`` keeps them sane for tiny models.
@@ -57,42 +63,27 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mmkv  # noqa: E402
-from evals.report import (  # noqa: E402
-    VQA_METRICS,
-    cells,
-    default_out,
-    script_main,
-    vqa_markdown,
-    vqa_plot,
-    write_results,
-)
-from evals.tasks import (  # noqa: E402
-    CATEGORIES,
-    Sample,
-    load_jsonl,
-    make_samples,
-    normalise_answer,
-    sample_session,
-)
+from evals.report import VQA_METRICS, cells, default_out, script_main, vqa_markdown, vqa_plot, write_results  # noqa: E402
+from evals.tasks import CATEGORIES, Sample, load_jsonl, make_samples, normalise_answer, sample_session  # noqa: E402
 from mmkv.cache import EncoderStore, KVStore  # noqa: E402
 from mmkv.cli import HelpFormatter  # noqa: E402
 
 __all__ = [
-    "ARM_NAMES",
-    "MIN_SHIFT",
-    "Arm",
-    "aggregate",
-    "build_parser",
-    "build_session",
-    "image_starts",
-    "make_arms",
-    "run",
-    "score_sample",
-]
+    "ARM_NAMES", "MIN_SHIFT", "REPAIR_ARMS", "Arm", "aggregate", "build_parser", "build_session", "image_starts",
+    "make_arms", "run", "score_sample",
+]  # fmt: skip
 
 # kv-shifted arms: the least distance (positions) between where an image was cached and where it is placed
 MIN_SHIFT = 100
-ARM_NAMES = ("none", "encoder", "kv", "kv-shifted", "kv-no-seam", "kv-temporal-only", "kv-no-rotate")
+REPAIR_ARMS = {  # kv-shifted with a repair beyond the seam: name -> (seam, None for --seam; repair; budget)
+    "kv-shifted-s16": (16, "seam", None),
+    "kv-shifted-seam-5%": (None, "seam", 0.05),
+    "kv-shifted-dev-5%": (None, "deviation", 0.05),
+    "kv-shifted-att-5%": (None, "attention", 0.05),
+    "kv-shifted-dev-25%": (None, "deviation", 0.25),
+    "kv-shifted-att-25%": (None, "attention", 0.25),
+}
+ARM_NAMES = ("none", "encoder", "kv", "kv-shifted", "kv-no-seam", "kv-temporal-only", "kv-no-rotate", *REPAIR_ARMS)  # fmt: skip
 # asked by the shifted-context warm pass (its answer is never decoded)
 WARM_QUESTION = "Describe the pictures."
 FILLER_SENTENCES = (  # the unrelated system message that precedes the images in the shifted-context warm pass
@@ -120,7 +111,11 @@ class Arm:
 def make_arms(seam: int = 1) -> dict[str, Arm]:
     """All arms by name (``seam``: tokens recomputed per spliced image in ``kv`` and ``kv-shifted``)."""
     kv0 = mmkv.SessionConfig.of(reuse="kv", seam=0)
-    return {
+    repaired = {
+        name: Arm(name, mmkv.SessionConfig.of(seam=seam if k is None else k, repair=repair, budget=budget), "shifted")
+        for name, (k, repair, budget) in REPAIR_ARMS.items()
+    }  # fmt: skip
+    return repaired | {
         "none": Arm("none", mmkv.SessionConfig.of(reuse="none"), "none"),
         "encoder": Arm("encoder", mmkv.SessionConfig.of(reuse="encoder"), "same"),
         "kv": Arm("kv", mmkv.SessionConfig.of(reuse="kv", seam=seam), "same"),
@@ -203,6 +198,7 @@ class _Pass:
     sources: tuple[str, ...]  # where each image's KV / vision outputs came from in the timed call
     prompt_tokens: int  # tokens in the prompt
     prefilled_tokens: int  # prompt tokens the timed call ran through the language model
+    repair: mmkv.runtime.RepairStats  # what the timed call recomputed of the spliced KV; the ranking's cost
 
 
 def _measured_pass(session: mmkv.Session, question: str, max_new_tokens: int) -> _Pass:
@@ -213,7 +209,7 @@ def _measured_pass(session: mmkv.Session, question: str, max_new_tokens: int) ->
     prefill = session.last_prefill
     answer = session.ask(question, max_new_tokens=max_new_tokens)
     sources = tuple(r.reused_from for r in prefill.images)
-    return _Pass(logits, prefill.seconds, answer, sources, prefill.prompt_tokens, prefill.prefilled)
+    return _Pass(logits, prefill.seconds, answer, sources, prefill.prompt_tokens, prefill.prefilled, prefill.repair)  # fmt: skip
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -265,7 +261,9 @@ def score_sample(
     answer equals none's), ``cosine`` (first-token logits vs none, float64), ``top1_agree``, ``ttft_s``,
     ``none_ttft_s``, ``speedup`` (none / arm TTFT), ``prompt_tokens``, ``prefilled_tokens``, ``reused_tokens``
     (of the timed call), ``sources`` (per image), ``shifts`` (kv arms: placed start - cached start per image, in
-    positions; else None), ``min_abs_shift`` and ``max_abs_shift``.
+    positions; else None), ``min_abs_shift`` and ``max_abs_shift``; ``image_tokens`` / ``image_recomputed`` (tokens
+    of spliced images, and of those computed in context), ``repair_s`` / ``pass_tokens`` / ``pass_layers`` (the
+    repair's ranking: time, tokens and layers of its pass).
     """
     unknown = set(arms) - set(ARM_NAMES)
     if unknown:
@@ -290,6 +288,9 @@ def score_sample(
             "prompt_tokens": result.prompt_tokens, "prefilled_tokens": result.prefilled_tokens,
             "reused_tokens": result.prompt_tokens - result.prefilled_tokens, "sources": list(result.sources),
             "shifts": shifts, "min_abs_shift": shift_range[0], "max_abs_shift": shift_range[1],
+            "image_tokens": result.repair.image_tokens, "image_recomputed": result.repair.image_recomputed,
+            "repair_s": result.repair.seconds, "pass_tokens": result.repair.pass_tokens,
+            "pass_layers": result.repair.pass_layers,
         }  # fmt: skip
     return records
 
@@ -299,16 +300,18 @@ def aggregate(records: Sequence[dict], resamples: int = 1000, seed: int = 0) -> 
     """Per arm and category (and ``"all"``): ``n`` and ``VQA_METRICS`` (``evals/report.py``): ``accuracy`` and
     ``agreement`` (with none) with Wilson 95% intervals; ``cosine`` (mean first-token logit cosine with none),
     ``ttft_s`` (median), ``speedup`` (median none TTFT / median arm TTFT, paired per sample) and
-    ``reused_fraction`` (prompt tokens not run through the model / prompt tokens, over the cell) with seeded
-    bootstrap intervals; and ``min_abs_shift`` / ``max_abs_shift`` (kv arms: the least / largest image shift
-    over the cell's samples, in positions; else None). Pure (no model needed). Arms in ``ARM_NAMES`` order,
+    ``reused_fraction`` (prompt tokens not run through the model / prompt tokens, over the cell),
+    ``image_recomputed`` (spliced images' tokens computed in context / their tokens) and ``repair_ms`` (median
+    ranking time) with seeded bootstrap intervals (each metric only when the records hold its fields); and
+    ``min_abs_shift`` / ``max_abs_shift`` (kv arms: the least / largest image shift over the cell's samples). Pure (no model needed). Arms in ``ARM_NAMES`` order,
     categories in order of first appearance, then ``"all"``."""
 
     def shift(pick, key: str):
         return lambda cell: pick((r[key] for r in cell if r.get(key) is not None), default=None)
 
     extras = {"min_abs_shift": shift(min, "min_abs_shift"), "max_abs_shift": shift(max, "max_abs_shift")}
-    return cells(records, "arm", "category", VQA_METRICS, resamples, seed, ARM_NAMES, extras)
+    metrics = {k: m for k, m in VQA_METRICS.items() if all(key in r for r in records for key in m.keys)}
+    return cells(records, "arm", "category", metrics, resamples, seed, ARM_NAMES, extras)
 
 
 # --------------------------------------------------------------------------------------------------- runs
@@ -357,6 +360,7 @@ def run(
         "model": name, "family": handle.family.name, "device": str(handle.device), "dtype": str(handle.dtype),
         "n": n, "seed": seed, "seam": seam, "categories": list(categories), "arms": list(arms),
         "jsonl": None if jsonl is None else str(jsonl), "max_new_tokens": max_new_tokens,
+        "repair_arms": {a: dict(zip(("seam", "repair", "budget"), v, strict=True)) for a, v in REPAIR_ARMS.items()},
         "num_samples": len(samples), "min_shift": MIN_SHIFT, "bootstrap_resamples": 1000,
         "interval": "wilson (accuracy, agreement), bootstrap (others)", "seconds": time.perf_counter() - started,
         "median_none_ttft_s": statistics.median(r["ttft_s"] for r in records if r["arm"] == "none"),
@@ -365,7 +369,8 @@ def run(
     header = (
         f"# VQA eval: {name}\n\n{len(samples)} samples, arms against full recompute (`none`), seam {seam}, "
         f"{handle.device} {handle.dtype}; 95% intervals in brackets (Wilson for accuracy and agreement, "
-        "bootstrap for the rest); `reused`: the fraction of prompt tokens spliced, not recomputed.\n\n"
+        "bootstrap for the rest); `reused`: the fraction of prompt tokens spliced, not recomputed; `img recomputed`: "
+        "the share of spliced images' tokens computed in context (seam and repair).\n\n"
     )
     title = f"{name}: {len(samples)} samples"
     write_results(out, results, header, vqa_markdown(table), lambda p: vqa_plot(table, p, title=title))

@@ -2,8 +2,8 @@
 executor and a decoder, each owning its own state.
 
 A turn flows: ``lay_out`` (``mmkv.prompt``) -> ``LiveCache.matching_prefix`` -> ``LiveCache.truncate`` ->
-``plan_turn`` (asks ``TurnSources``) -> ``execute`` (one forward call) -> ``TurnSources.flush`` (store
-writes, after the first token) -> ``Decoder`` (decode).
+``plan_turn`` (asks ``TurnSources``) -> ``repair_plan`` (the budget beyond the seam) -> ``execute`` (one forward
+call) -> ``TurnSources.flush`` (store writes, after the first token) -> ``Decoder`` (decode).
 """
 
 from .decode import (
@@ -34,12 +34,23 @@ from .plan import (
     plan_replace,
     plan_turn,
 )
-from .report import Answer, PrefillStats
+from .patch import PatchStore, SegmentPatch, fit_patch
+from .policy import DEFAULT_BUDGET, REPAIRS, RepairKind
+from .repair import repair_plan
+from .report import Answer, PrefillStats, RepairStats
 from .sources import TurnSources, inputs_nbytes, prepare_image, preprocess
 from .turn import check_positions, run_turn
 
 __all__ = [
+    "DEFAULT_BUDGET",
     "GREEDY",
+    "REPAIRS",
+    "RepairKind",
+    "RepairStats",
+    "PatchStore",
+    "SegmentPatch",
+    "fit_patch",
+    "repair_plan",
     "AnswerText",
     "DecodeOptions",
     "DecodeStep",

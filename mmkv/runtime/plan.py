@@ -12,7 +12,10 @@ are live, an image ``[3, 11)`` hit in the store with seam 1, and one text token:
 
 Rules kept in one place: the seam (``_plan_seamed``: the first ``seam`` tokens of a spliced segment are
 computed; for an image they are its start marker and first pads) and, for a turn, the prompt's last token is
-always computed (``_compute_last``: its logits are the answer's first).
+always computed (``_compute_last``: its logits are the answer's first). Every cached segment placed is listed in
+``Plan.placed`` (the image above: ``((3, 8),)``); the policy's repair beyond the seam (``TurnPolicy.repair`` and
+``budget``) computes more of them, chosen by ``mmkv.runtime.repair``. The policy itself lives in
+``mmkv.runtime.policy`` (re-exported here).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ..conversation import ConversationImage
 from ..errors import StoreMismatchError
 from ..kv.segment import KVSegment
 from ..prompt.layout import PromptLayout
+from .policy import ReusePolicy, TurnPolicy
 
 __all__ = [
     "FeatureSlice",
@@ -44,28 +48,7 @@ __all__ = [
     "plan_turn",
 ]
 
-ReusePolicy = Literal["kv", "encoder", "none"]
 SourceKind = Literal["live", "computed"] | StoreTier  # where an image's KV came from
-
-
-@dataclass(frozen=True)
-class TurnPolicy:
-    """How a turn reuses work. Validated on construction."""
-
-    reuse: ReusePolicy = "kv"  # "kv" (splice cached KV), "encoder" (cached vision outputs), "none"
-    seam: int = 1  # kv: leading tokens of a spliced segment recomputed in context (0: pure splice)
-    rotate: bool = True  # kv: re-rotate spliced keys (False only for the no-rotation control)
-    rotate_axes: tuple[int, ...] = (0, 1, 2)  # kv: axes re-rotated; (0,) is the temporal-only ablation
-
-    def __post_init__(self) -> None:
-        if self.reuse not in ("kv", "encoder", "none"):
-            raise ValueError(f"reuse must be 'kv', 'encoder' or 'none', got {self.reuse!r}")
-        if isinstance(self.seam, bool) or not isinstance(self.seam, int) or self.seam < 0:
-            raise ValueError(f"seam must be an int >= 0, got {self.seam!r}")
-        if not isinstance(self.rotate, bool):
-            raise ValueError(f"rotate must be a bool, got {self.rotate!r}")
-        if not set(self.rotate_axes) <= {0, 1, 2}:
-            raise ValueError(f"rotate_axes must be a subset of (0, 1, 2), got {self.rotate_axes}")
 
 
 @dataclass(frozen=True)
@@ -129,6 +112,8 @@ class Plan:
     images: tuple[ImageReuse, ...] = ()  # where each image of the prompt came from, in prompt order
     policy: TurnPolicy = field(default_factory=TurnPolicy)  # rotation settings for the splices
     logits_at_end: bool = True  # a turn: the last token is computed (its logits answer); False for edits
+    placed: tuple[tuple[int, int], ...] = ()  # (start, length) of each cached segment placed at new positions
+    # (seam included), ascending: store-hit images, precompiled text, cut-off live text (what a repair works on)
 
     def __post_init__(self) -> None:
         covered = [(0, self.keep)] if self.keep else []
@@ -145,6 +130,8 @@ class Plan:
             raise ValueError("a plan computes at least one token")
         if self.logits_at_end and sum(self.computed[-1]) != self.num_tokens:
             raise ValueError("the prompt's last token must be computed")
+        if any(s < self.keep or s + n > self.num_tokens or n <= 0 for s, n in self.placed):
+            raise ValueError(f"placed segments {self.placed} must lie after the kept prefix, in the prompt")
 
     @property
     def prefilled(self) -> int:
@@ -180,6 +167,7 @@ class _Builder:
     features: list[FeatureSlice] = field(default_factory=list)
     writes: list[StoreWrite] = field(default_factory=list)
     images: list[ImageReuse] = field(default_factory=list)
+    placed: list[tuple[int, int]] = field(default_factory=list)
 
     def splice(self, start: int, segment: KVSegment) -> None:
         self.splices.append(Splice(start, segment))
@@ -202,6 +190,7 @@ class _Builder:
             tuple(self.images),
             policy,
             logits_at_end,
+            tuple(self.placed),
         )
 
 
@@ -322,6 +311,7 @@ def _plan_text(builder: _Builder, start: int, ids: torch.Tensor, candidates: lis
             break
         candidates.remove(match)
         builder.splice(start, match)
+        builder.placed.append((start, match.length))
         start, ids = start + match.length, ids[match.length :]
     if ids.shape[0]:
         builder.compute(start, int(ids.shape[0]))
@@ -330,6 +320,7 @@ def _plan_text(builder: _Builder, start: int, ids: torch.Tensor, candidates: lis
 def _plan_seamed(builder: _Builder, start: int, segment: KVSegment, seam: int) -> None:
     """The seam rule: the first ``seam`` tokens of a spliced segment are computed in context, the rest spliced."""
     seam = min(seam, segment.length)
+    builder.placed.append((start, segment.length))
     if seam:
         builder.compute(start, seam)
     if seam < segment.length:

@@ -6,13 +6,13 @@ Both are frozen records; ``ImageReuse`` (where each image came from) is made by 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from ..messages import ToolCall
 from .plan import ImageReuse
 
-__all__ = ["Answer", "FinishReason", "PrefillStats", "TokenLogprob"]
+__all__ = ["Answer", "FinishReason", "PrefillStats", "RepairStats", "TokenLogprob"]
 
 FinishReason = Literal["stop", "length", "cancelled"]  # why an answer ended
 
@@ -30,6 +30,41 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True)
+class RepairStats:
+    """What a turn recomputed of the KV it spliced (``TurnPolicy.repair`` and ``budget``), and what choosing cost.
+    All counts are prompt tokens of this turn; zero when nothing was spliced."""
+
+    kind: str = "seam"  # the repair in force: "seam", "deviation", "attention"
+    budget: float = 0.0  # the budget in force (fraction of each segment's spliced tokens after its seam)
+    placed: int = (
+        0  # tokens of cached segments placed at new positions (store-hit images, precompiled and cut-off
+    )
+    # text), their seams included
+    recomputed: int = 0  # of which computed in context: the seams and the repair's choice
+    chosen: int = 0  # of which chosen by the repair (beyond the seams)
+    image_tokens: int = 0  # placed tokens of spliced images (their markers included)
+    image_recomputed: int = 0  # of which computed in context
+    pass_tokens: int = (
+        0  # tokens the ranking ran through the model: deviation over the first layers, attention as
+    )
+    # queries over every layer (0 for "seam", which needs no pass)
+    pass_layers: int = 0  # language-model layers of that pass
+    seconds: float = (
+        0.0  # wall time of choosing (vision outputs, the pass, the ranking); within the turn's time
+    )
+
+    @property
+    def fraction(self) -> float:
+        """Share of the placed tokens recomputed in context (0 when none were placed)."""
+        return self.recomputed / self.placed if self.placed else 0.0
+
+    @property
+    def image_fraction(self) -> float:
+        """Share of the spliced images' tokens recomputed in context (0 when none were spliced)."""
+        return self.image_recomputed / self.image_tokens if self.image_tokens else 0.0
+
+
+@dataclass(frozen=True)
 class PrefillStats:
     """What bringing the live cache up to one prompt took."""
 
@@ -39,6 +74,9 @@ class PrefillStats:
     images: tuple[ImageReuse, ...] = ()  # where each image of the prompt came from
     seconds: float = 0.0  # from rendering to the first token's logits on the host; store writes excluded
     forward_seconds: float = 0.0  # of which in the model's forward (the rest is mmkv's own host work)
+    repair: RepairStats = field(
+        default_factory=RepairStats
+    )  # what was recomputed of the spliced KV, and the ranking's cost
 
 
 @dataclass(frozen=True)

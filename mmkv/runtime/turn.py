@@ -3,7 +3,8 @@
 
 2. keep the live cache's **matching prefix** (same ids and positions: exact) and cut the rest, keeping text cut
    off whole aside for ``kv`` reuse;
-3. **plan** every later token (``plan_turn``: spliced from a store or the cut-off text, or computed);
+3. **plan** every later token (``plan_turn``: spliced from a store or the cut-off text, or computed), then
+   **repair** it (``repair_plan``: the policy's budget of spliced tokens computed instead);
 4. **execute** the plan (one forward call, masks bounded);
 5. **flush** the turn's store writes, after the first token's logits are on the host.
 
@@ -25,6 +26,7 @@ from ..prompt.layout import PromptLayout
 from .execute import execute
 from .live import LiveCache
 from .plan import TurnPolicy, plan_turn
+from .repair import repair_plan
 from .report import PrefillStats
 from .sources import TurnSources
 
@@ -62,12 +64,13 @@ def run_turn(
     reusable_text = live.truncate(keep, collect_text=policy.reuse == "kv")
     # 3. plan
     plan = plan_turn(layout, images, keep, policy, sources, reusable_text)
+    plan, repair = repair_plan(handle, live, plan, layout, images, sources)  # the budget beyond the seam
     # 4. execute
     forward_before = live.forward_seconds
     logits = execute(handle, live, plan, layout, images, sources).cpu()
     stats = PrefillStats(
         layout.num_tokens, plan.prefilled, plan.reused, plan.images, time.perf_counter() - started,
-        live.forward_seconds - forward_before,
+        live.forward_seconds - forward_before, repair,
     )  # fmt: skip
     # 5. store writes, after the first token is known
     sources.flush(live, plan.writes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from evals.tasks import make_samples
 from evals.vqa import (
     ARM_NAMES,
     MIN_SHIFT,
+    REPAIR_ARMS,
     aggregate,
     build_parser,
     run,
@@ -104,6 +106,33 @@ def test_shifted_arms_move_every_image_at_least_100_positions(results):
     seamless = {r["digest"]: r["prefilled_tokens"] for r in _records(res, "kv-no-seam")}
     for record in _records(res, "kv-shifted"):  # seam 1 recomputes one more token per image
         assert record["prefilled_tokens"] == seamless[record["digest"]] + len(record["shifts"])
+
+
+def test_repair_arms_recompute_their_budget_of_each_image(results):
+    """Per sample: the 5% arms (leading, deviation, attention) compute the same tokens, ceil(0.05 x (n - 1)) per
+    image of n tokens more than kv-shifted; seam 16 computes 16 per image; ``img recomputed`` is the share of the
+    spliced images' tokens computed; only the ranked arms spend time choosing (a pass of their own)."""
+    res, out = results
+    base = {r["digest"]: r for r in _records(res, "kv-shifted")}
+    for arm, (seam, repair, budget) in REPAIR_ARMS.items():
+        for record in _records(res, arm):
+            plain = base[record["digest"]]
+            tokens = record["image_tokens"]
+            assert tokens == plain["image_tokens"] > 0 and set(record["sources"]) == {"memory"}
+            num_images, per_image = len(record["shifts"]), tokens // len(record["shifts"])
+            extra = num_images * (
+                seam - 1 if seam is not None else math.ceil((budget or 0) * (per_image - 1) - 1e-9)
+            )
+            assert record["prefilled_tokens"] == plain["prefilled_tokens"] + extra, arm
+            assert record["image_recomputed"] == plain["image_recomputed"] + extra == num_images + extra
+            assert (record["pass_tokens"] > 0) == (repair != "seam") and record["repair_s"] >= 0
+        cell = res["aggregate"][arm]["all"]["image_recomputed"]
+        rows = _records(res, arm)
+        assert cell["value"] == pytest.approx(
+            sum(r["image_recomputed"] for r in rows) / sum(r["image_tokens"] for r in rows)
+        )
+    assert res["aggregate"]["none"]["all"]["image_recomputed"]["value"] == 0.0  # nothing spliced: 0, not NaN
+    assert "| img recomputed | repair ms |" in (out / "results.md").read_text()
 
 
 def test_the_plot_is_a_png(results):

@@ -184,3 +184,22 @@ def test_a_plan_must_tile_the_prompt():
         from mmkv.runtime import Splice
 
         Plan(10, 0, (Splice(8, _segment([TEXT, TEXT])),), ((0, 8),), ())
+
+
+def test_placed_segments_are_recorded_with_their_seams():
+    """``Plan.placed`` lists every cached segment put at new positions, seam included: a store-hit image, a
+    precompiled text, cut-off live text; computed images and plain text are not placed; another policy places
+    nothing."""
+    skill = _segment([TEXT] * 5)
+    layout = _layout(
+        [("text", 10), ("image", 4, 0), ("image", 4, 1), ("text", 6)], segments=(SegmentAnchor(4, skill, 2),)
+    )
+    sources = FakeSources(kv={"a": (_segment(IMAGE_IDS, "a"), "memory")})  # image 1 ("b") misses
+    plan = plan_turn(layout, IMAGES, 1, TurnPolicy("kv"), sources, reusable_text=[_segment([TEXT] * 2)])
+    # [0] kept | [1, 3) cut-off text | [3, 4) text | [4, 9) skill (seam 2) | [9, 10) text | image a [10, 16) |
+    # image b [16, 22) computed | [22, 28) text
+    assert plan.placed == ((1, 2), (4, 5), (10, 6))
+    assert plan.computed == ((3, 3), (9, 2), (16, 12))
+    assert plan_turn(layout, IMAGES, 1, TurnPolicy("encoder"), FakeSources()).placed == ()
+    with pytest.raises(ValueError, match="placed"):
+        Plan(10, 2, (), ((2, 8),), (), placed=((1, 3),))

@@ -148,6 +148,12 @@ class StreamOptions(_In):
 class MmkvOptions(_In):
     reuse: Literal["kv", "encoder", "none"] | None = None  # this request's reuse policy
     seam: int | None = Field(default=None, ge=0, le=4096)  # this request's seam
+    repair: Literal["seam", "deviation", "attention"] | None = (
+        None  # how spliced tokens beyond the seam are chosen
+    )
+    budget: float | None = Field(
+        default=None, ge=0.0, le=1.0, allow_inf_nan=False
+    )  # share of them recomputed
 
 
 # Documented OpenAI fields this server refuses when set (None / empty / the neutral value is accepted), and why.
