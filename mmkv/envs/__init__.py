@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .desktop import POLICY, DesktopApp, Observation, StepResult
 from .episodes import Episode, EpisodeStep, expert_episode
-from .messages import SCREEN_TEXT, agent_messages, image_data_url, message_images
+from .messages import SCREEN_TEXT, agent_messages, image_data_url, keep_last_screenshots, message_images
 from .tools import TOOLS, ToolCall, hermes_text, parse_tool_calls, tool_specs
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "expert_episode",
     "hermes_text",
     "image_data_url",
+    "keep_last_screenshots",
     "message_images",
     "parse_tool_calls",
     "tool_specs",

@@ -15,6 +15,7 @@ from mmkv.envs import (
     expert_episode,
     hermes_text,
     image_data_url,
+    keep_last_screenshots,
     message_images,
     parse_tool_calls,
 )
@@ -128,3 +129,19 @@ def test_parse_tool_calls_skips_malformed_blocks():
     assert hermes_text(ToolCall("fill", {"field": "note", "text": "admin"})) == (
         '<tool_call>\n{"name": "fill", "arguments": {"field": "note", "text": "admin"}}\n</tool_call>'
     )
+
+
+@pytest.mark.parametrize("screenshot_in", ["tool", "user"])
+@pytest.mark.parametrize("window", [1, 2, 3, None])
+def test_trimming_a_full_history_gives_the_windowed_one(episode, screenshot_in, window):
+    """An agent that keeps every screenshot and trims before sending (keep_last_screenshots) sends exactly the
+    list agent_messages builds with that window; the full history it keeps is unchanged."""
+    for k in range(len(episode.steps) + 1):
+        full = episode.messages(k, screenshot_in=screenshot_in, window=None)
+        kept = json.dumps(full)
+        assert keep_last_screenshots(full, window) == episode.messages(
+            k, screenshot_in=screenshot_in, window=window
+        )
+        assert json.dumps(full) == kept
+    with pytest.raises(ValueError, match="window"):
+        keep_last_screenshots(full, 0)
