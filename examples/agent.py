@@ -37,7 +37,7 @@ import openai
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mmkv.envs import SCREEN_TEXT, DesktopApp, ToolCall, image_data_url, keep_last_screenshots  # noqa: E402
+from mmkv.envs import DesktopApp, ToolCall, image_data_url, keep_last_screenshots, tool_result_messages  # noqa: E402
 from mmkv.serve.process import ServerProcess  # noqa: E402
 
 __all__ = ["EpisodeResult", "StepRecord", "main", "run", "run_episode", "summary"]
@@ -82,17 +82,6 @@ def _call_text(call) -> tuple[str, dict]:
     return call.function.name, arguments if isinstance(arguments, dict) else {}
 
 
-def _result_messages(call_id: str, text: str, screenshot: str, screenshot_in: str) -> list[dict]:
-    """The tool result of ``call_id``: the text and the next screenshot (a data URL), placed as asked."""
-    image = {"type": "image_url", "image_url": {"url": screenshot}}
-    if screenshot_in == "tool":
-        return [{"role": "tool", "tool_call_id": call_id, "content": [{"type": "text", "text": text}, image]}]
-    return [
-        {"role": "tool", "tool_call_id": call_id, "content": text},
-        {"role": "user", "content": [{"type": "text", "text": SCREEN_TEXT}, image]},
-    ]
-
-
 def run_episode(
     client: openai.OpenAI,
     model: str,
@@ -134,7 +123,7 @@ def run_episode(
         for call in calls:  # one, unless the server was asked for parallel calls
             name, arguments = _call_text(call)
             outcome = app.step(name, arguments)
-            messages += _result_messages(call.id, outcome.text, image_data_url(outcome.image), screenshot_in)
+            messages += tool_result_messages(call.id, outcome.text, outcome.image, screenshot_in)
             if app.done:
                 break
         made = str(ToolCall(*_call_text(calls[0]))) if calls else ""

@@ -29,7 +29,7 @@ from .tools import ToolCall
 
 __all__ = [
     "SCREEN_TEXT", "ScreenshotIn", "StepLike", "agent_messages", "image_data_url", "keep_last_screenshots",
-    "message_images",
+    "message_images", "tool_result_messages",
 ]  # fmt: skip
 
 ScreenshotIn = Literal["tool", "user"]
@@ -111,6 +111,24 @@ def agent_messages(
             messages.append({"role": "tool", "tool_call_id": call_id, "content": step.result})
             messages.append({"role": "user", "content": _content(SCREEN_TEXT, kept(number), as_url)})
     return messages
+
+
+def tool_result_messages(
+    call_id: str, text: str, screenshot: Image.Image | str, screenshot_in: ScreenshotIn = "tool"
+) -> list[dict]:
+    """The messages answering call ``call_id`` with ``text`` and the next ``screenshot`` (a picture, or its data
+    URL), as ``agent_messages`` places them: one tool message ``[text, image]``, or (``screenshot_in="user"``) a
+    tool message with the text then a user message ``[SCREEN_TEXT, image]``. Pure."""
+    url = screenshot if isinstance(screenshot, str) else image_data_url(screenshot)
+    image = {"type": "image_url", "image_url": {"url": url}}
+    if screenshot_in == "tool":
+        return [{"role": "tool", "tool_call_id": call_id, "content": [{"type": "text", "text": text}, image]}]
+    if screenshot_in != "user":
+        raise ValueError(f"screenshot_in must be 'tool' or 'user', got {screenshot_in!r}")
+    return [
+        {"role": "tool", "tool_call_id": call_id, "content": text},
+        {"role": "user", "content": [{"type": "text", "text": SCREEN_TEXT}, image]},
+    ]
 
 
 def _is_image(part: dict) -> bool:
