@@ -1,5 +1,7 @@
-"""The demo's example trajectory and example questions: the task suite's own sample forms (the screens, policy
-and questions the shipped model was trained on), each with the answer the shipped model gives.
+"""The demo's examples: the agent episode it starts with (``DEMO_EPISODE_SEED``, a held-out desktop episode, and
+the calls the shipped model makes on it), and the chat tab's single-screen steps and picture questions, the task
+suite's own sample forms (the screens, policy and questions the shipped model was trained on), each with the
+answer the shipped model gives.
 
 The agent trajectory: the ticket-desk policy as system prompt (``account_role: admin``), three UI panels, then
 the first panel again. Each step asks for the next tool call; the last step's screenshot is a cache hit. The
