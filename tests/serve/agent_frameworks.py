@@ -28,6 +28,7 @@ class FrameworkEpisode:
     results: list[StepResult] = field(default_factory=list)  # what the app answered to each
     requests: list[dict] = field(default_factory=list)  # every chat-completions body the framework sent
     replies: list[dict] = field(default_factory=list)  # every reply's ``mmkv`` object
+    answers: list[dict] = field(default_factory=list)  # every reply's message
     success: bool = False
 
 
@@ -75,6 +76,7 @@ def pydantic_ai_episode(
     from pydantic_ai import Agent, BinaryContent, Tool, ToolReturn
     from pydantic_ai.capabilities import AbstractCapability, ProcessHistory
     from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.profiles.openai import OpenAIModelProfile
     from pydantic_ai.providers.openai import OpenAIProvider
 
     app, episode = DesktopApp(split), FrameworkEpisode(seed)
@@ -108,12 +110,17 @@ def pydantic_ai_episode(
     async def replies(response: httpx.Response) -> None:
         if response.request.url.path.endswith("/chat/completions"):
             await response.aread()
-            episode.replies.append(response.json().get("mmkv", {}))
+            body = response.json()
+            episode.replies.append(body.get("mmkv", {}))
+            episode.answers.append(body["choices"][0]["message"] if body.get("choices") else body)
 
     async def run() -> None:
         http = httpx.AsyncClient(event_hooks={"request": [record], "response": [replies]}, timeout=600)
         client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, http_client=http)
-        chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+        # an OpenAI-compatible server of an open model: no OpenAI strict mode (as pydantic-ai's vLLM-style
+        # profiles), so the tool specs go out as the app declares them
+        profile = OpenAIModelProfile(openai_supports_strict_tool_definition=False)
+        chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client), profile=profile)
         capabilities = [ProcessHistory(_keep_last_images(window))] + ([ForceTools()] if force else [])
         agent = Agent(chat, system_prompt=app.policy, tools=tools, capabilities=capabilities,
                       model_settings={"temperature": 0, "max_tokens": 96, "parallel_tool_calls": False})  # fmt: skip
