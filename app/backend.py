@@ -172,11 +172,12 @@ class DemoBackend:
             line += " · random weights: the answers are noise, the timings and cache hits are real"
         elif self.is_shipped_small:
             line += (
-                "  \nIt was trained on this project's task suite only: with the ticket policy as system prompt "
-                "it gives the next tool call for a UI panel (the example trajectory); with no system prompt it "
-                "counts objects and names colours and shapes in simple pictures (the example questions). "
-                "It cannot chat, read text in screenshots or follow other instructions; single-turn prompts, "
-                "so the page keeps only the latest turn in the prompt (the cache still holds every image)."
+                "  \nIt was trained on this project's task suite and desktop episodes only: in the Agent episode "
+                "tab it acts on the simulated ticket desk through tool calls; in the Chat tab, with the ticket "
+                "policy as system prompt it gives the next action for a single UI panel, and with no system prompt "
+                "it counts objects and names colours and shapes in simple pictures (the examples). It cannot chat, "
+                "read text in screenshots or follow other instructions; the chat's prompt keeps only the latest "
+                "turn (the cache still holds every image)."
             )
         return line
 

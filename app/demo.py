@@ -1,6 +1,13 @@
-"""The mmkv trajectory demo: a multimodal chat over one ``mmkv.Session`` per browser session that shows, for
-every turn, which images were cache hits and from which tier, the time to first token with reuse and, on
-request, the same turn's TTFT without reuse (a cold full recompute), next to the store's counters and a plot.
+"""The mmkv demo: a vision-language agent acting on a simulated desktop through tool calls, and a multimodal chat.
+
+**Agent episode** (the first tab): an episode of the simulated ticket desk (``mmkv.envs.DesktopApp``) driven by
+the model through tool calls (``app/episode.py``): per step the app's screenshot, the model's call, whether it
+was the right one, the time to first token and where each screenshot's KV came from (kept in the live prefix, a
+cache hit in the store once the window of screenshots slid, or computed). Step through it or run it.
+
+**Chat** (the second tab): a multimodal chat over one ``mmkv.Session`` per browser session that shows, for every
+turn, which images were cache hits and from which tier, the time to first token with reuse and, on request, the
+same turn's TTFT without reuse (a cold full recompute), next to the store's counters and a plot.
 
 Works offline on the CPU. Run::
 
@@ -10,14 +17,15 @@ Works offline on the CPU. Run::
     python app/demo.py --store /tmp/mmkv-store      # persistent stores: a restarted demo hits on "disk"
     python app/demo.py --write-examples             # (re)make the example screenshots in app/examples/
 
-then open http://127.0.0.1:7860 and click through the example trajectory under the message box. From Python::
+then open http://127.0.0.1:7860: press "Run episode" (or "Step"), or type a question in the Chat tab. From
+Python::
 
     from app.demo import build_demo
     from app.backend import DemoBackend
     build_demo(DemoBackend("tiny-qwen3-vl")).launch()
 
-The handlers are thin: the chat state lives in ``app/backend.py``, the reports and the plot in ``app/format.py``,
-all KV work in ``mmkv``.
+The handlers are thin: the chat state lives in ``app/backend.py``, the episode in ``app/episode.py``, the reports
+and the plot in ``app/format.py``, all KV work in ``mmkv``.
 """
 
 from __future__ import annotations
@@ -36,8 +44,23 @@ if __package__ in (None, ""):  # run as a script (python app/demo.py): make the 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from app.backend import POLICIES, ChatState, DemoBackend, EmptyMessageError, TurnSettings, default_model  # noqa: E402
-from app.format import display_text, format_stats, format_turn_log, ttft_figure  # noqa: E402
-from app.trajectory import EXAMPLES_DIR, POLICY, QUESTIONS, TRAJECTORY, write_example_images  # noqa: E402
+from app.episode import EpisodeRun, EpisodeSettings  # noqa: E402
+from app.format import (  # noqa: E402
+    display_text,
+    format_episode_log,
+    format_episode_status,
+    format_stats,
+    format_turn_log,
+    ttft_figure,
+)
+from app.trajectory import (  # noqa: E402
+    DEMO_EPISODE_SEED,
+    EXAMPLES_DIR,
+    POLICY,
+    QUESTIONS,
+    TRAJECTORY,
+    write_example_images,
+)
 from mmkv import MmkvError  # noqa: E402
 
 MAX_NEW_TOKENS = 32  # answer length bound (--max-new-tokens)
@@ -54,9 +77,11 @@ RESET_FILE_INPUT_JS = """() => {
 }"""
 
 INTRO = """# mmkv: never pay twice for the same picture
-Attach (or paste) screenshots and ask about them. Each turn reports where every image's KV came from: **kept**
-in the live prefix, a **cache hit** in the shared store (memory or disk tier), or **computed**; and its time to
-first token with reuse against a cold full recompute. Re-send a screenshot you sent before to see a hit."""
+**Agent episode**: the model acts on a simulated ticket desk through tool calls (click, fill, escalate); each
+tool result carries the next screenshot and the prompt keeps the last few. Per step: the call, whether it was
+right, the time to first token and where every screenshot's KV came from: **kept** in the live prefix, a **cache
+hit** in the shared store (spliced at its new position once the window slid), or **computed**.
+**Chat**: attach screenshots and ask about them; re-send one you sent before to see a hit."""
 
 
 # ---------------------------------------------------------------------------------------------- handlers
@@ -141,76 +166,123 @@ def show_stats(chat: ChatState) -> str:
     return format_stats(chat.backend)
 
 
+def episode_outputs(run: EpisodeRun) -> tuple:
+    """The episode tab's outputs: the screen now, the step table, the status line, the policy, the screenshots
+    so far, and the stores' statistics."""
+    shots = [] if not run.started else [run.first_screenshot, *(step.screenshot for step in run.steps)]
+    policy = f"**Policy (system message):** {run.app.policy}" if run.started else ""
+    return (run.screenshot, format_episode_log(run.steps), format_episode_status(run), policy, shots,
+            format_stats(run.backend))  # fmt: skip
+
+
+def new_episode(run: EpisodeRun, seed: float, window: float, reuse: str) -> tuple:
+    """Start the episode of ``seed`` with the tab's window and reuse policy."""
+    with user_errors():
+        run.reset(int(seed), EpisodeSettings(window=int(window), reuse=reuse))
+    return episode_outputs(run)
+
+
+def step_episode(run: EpisodeRun, seed: float, window: float, reuse: str) -> tuple:
+    """One step (an episode is started first if none is running); ``gr.Error`` once the episode is over."""
+    if not run.started:
+        new_episode(run, seed, window, reuse)
+    if run.done:
+        raise gr.Error("The episode is over: press New episode (or change the seed).", print_exception=False)
+    run.step()
+    return episode_outputs(run)
+
+
+def run_episode(run: EpisodeRun, seed: float, window: float, reuse: str) -> Iterator[tuple]:
+    """Every remaining step (an episode is started first if none is running or the last one is over), the page
+    updated after each."""
+    if not run.started or run.done:
+        new_episode(run, seed, window, reuse)
+        yield episode_outputs(run)
+    for _ in run.run():
+        yield episode_outputs(run)
+
+
 # ------------------------------------------------------------------------------------------------ layout
 def build_demo(backend: DemoBackend | None = None) -> gr.Blocks:
     """The demo's page over ``backend`` (default: ``DemoBackend()``, the default model, in-memory stores)."""
     backend = backend or DemoBackend()
     with gr.Blocks(title="mmkv demo", analytics_enabled=False) as demo:
         chat = gr.State(backend.new_chat)  # called once per browser session
+        episode = gr.State(lambda: EpisodeRun(backend))
         gr.Markdown(f"{INTRO}\n\n{backend.describe()}", elem_id="model-line")
-        with gr.Row():
-            with gr.Column(scale=3):
-                chatbot = gr.Chatbot(label="Trajectory", height=440, elem_id="chatbot")
-                message = gr.MultimodalTextbox(
-                    file_count="multiple",
-                    file_types=["image"],
-                    placeholder="Attach or paste screenshots, then ask about them (Enter sends)",
-                    show_label=False,
-                    elem_id="message",
-                )
-                turn_log = gr.Markdown(format_turn_log([]), elem_id="turn-log")
-                system = gr.Textbox(
-                    value=POLICY if backend.is_shipped_small else "", label="System prompt", lines=2,
-                    info="the agent's policy; changing it starts a new conversation", elem_id="system",
-                )  # fmt: skip
-                gr.Examples(
-                    [[{"text": s.text, "files": [str(s.path)]}, s.system] for s in TRAJECTORY],
-                    inputs=[message, system],
-                    example_labels=[s.label for s in TRAJECTORY],
-                    label="Example trajectory (expected answers): click a step, then press Enter",
-                    elem_id="trajectory-examples",
-                )
-                gr.Examples(
-                    [[{"text": s.text, "files": [str(s.path)]}, s.system] for s in QUESTIONS],
-                    inputs=[message, system],
-                    example_labels=[s.label for s in QUESTIONS],
-                    label="Picture questions it was trained on (no system prompt)",
-                )
-            with gr.Column(scale=2):
-                reuse = gr.Radio(
-                    list(POLICIES),
-                    value="kv",
-                    label="Reuse policy",
-                    info="kv: splice cached KV · encoder: reuse vision outputs · none: recompute images",
-                )
-                seam = gr.Slider(
-                    0,
-                    16,
-                    value=1,
-                    step=1,
-                    label="Seam tokens",
-                    info="kv: leading tokens of a spliced image recomputed in context",
-                )
-                window = gr.Slider(
-                    0,
-                    16,
-                    value=0,
-                    step=1,
-                    label="Screenshot window",
-                    info="keep the last N images in the prompt (0 = all)",
-                )
-                compare = gr.Checkbox(
-                    value=True, label="Also time each turn without reuse (cold full recompute)"
-                )
-                last_turn_only = gr.Checkbox(
-                    value=backend.is_shipped_small, label="Prompt holds the latest turn only",
-                    info="the shipped small models were trained on single turns; the cache keeps every image",
-                )  # fmt: skip
+        with gr.Tabs():
+            with gr.Tab("Agent episode", elem_id="episode-tab"):
                 with gr.Row():
-                    clear_chat_button = gr.Button("Clear session")
-                    clear_store_button = gr.Button("Clear store", variant="stop")
-                plot = gr.Plot(ttft_figure([]), format="png", show_label=False, elem_id="ttft-plot")
-                stats = gr.Markdown(elem_id="store-stats")
+                    with gr.Column(scale=3):
+                        screen = gr.Image(label="The app's screen now", type="pil", interactive=False, height=300,
+                                          elem_id="screen")  # fmt: skip
+                        episode_log = gr.Markdown(format_episode_log([]), elem_id="episode-log")
+                    with gr.Column(scale=2):
+                        seed = gr.Number(DEMO_EPISODE_SEED, precision=0, label="Episode seed (held-out pictures)",
+                                         elem_id="episode-seed")  # fmt: skip
+                        episode_window = gr.Slider(
+                            1, 6, value=3, step=1, label="Screenshots kept in the prompt"
+                        )
+                        episode_reuse = gr.Radio(list(POLICIES), value="kv", label="Reuse policy")
+                        with gr.Row():
+                            new_button = gr.Button("New episode", elem_id="episode-new")
+                            step_button = gr.Button("Step", elem_id="episode-step")
+                            run_button = gr.Button("Run episode", variant="primary", elem_id="episode-run")
+                        episode_status = gr.Markdown("*No episode yet.*", elem_id="episode-status")
+                        policy = gr.Markdown(elem_id="episode-policy")
+                        screens = gr.Gallery(
+                            label="Screenshots so far", columns=4, height=220, elem_id="episode-screens"
+                        )
+            with gr.Tab("Chat", elem_id="chat-tab"):
+                with gr.Row():
+                    with gr.Column(scale=3):
+                        chatbot = gr.Chatbot(label="Trajectory", height=440, elem_id="chatbot")
+                        message = gr.MultimodalTextbox(
+                            file_count="multiple", file_types=["image"], show_label=False, elem_id="message",
+                            placeholder="Attach or paste screenshots, then ask about them (Enter sends)",
+                        )  # fmt: skip
+                        turn_log = gr.Markdown(format_turn_log([]), elem_id="turn-log")
+                        system = gr.Textbox(
+                            value=POLICY if backend.is_shipped_small else "", label="System prompt", lines=2,
+                            info="the agent's policy; changing it starts a new conversation", elem_id="system",
+                        )  # fmt: skip
+                        gr.Examples(
+                            [[{"text": s.text, "files": [str(s.path)]}, s.system] for s in TRAJECTORY],
+                            inputs=[message, system], example_labels=[s.label for s in TRAJECTORY],
+                            label="Single screens, as the task suite asks (expected answers): click one, press Enter",
+                            elem_id="trajectory-examples",
+                        )  # fmt: skip
+                        gr.Examples(
+                            [[{"text": s.text, "files": [str(s.path)]}, s.system] for s in QUESTIONS],
+                            inputs=[message, system], example_labels=[s.label for s in QUESTIONS],
+                            label="Picture questions it was trained on (no system prompt)",
+                        )  # fmt: skip
+                    with gr.Column(scale=2):
+                        reuse = gr.Radio(
+                            list(POLICIES), value="kv", label="Reuse policy",
+                            info="kv: splice cached KV · encoder: reuse vision outputs · none: recompute images",
+                        )  # fmt: skip
+                        seam = gr.Slider(0, 16, value=1, step=1, label="Seam tokens",
+                                         info="kv: leading tokens of a spliced image recomputed in context")  # fmt: skip
+                        window = gr.Slider(0, 16, value=0, step=1, label="Screenshot window",
+                                           info="keep the last N images in the prompt (0 = all)")  # fmt: skip
+                        compare = gr.Checkbox(
+                            value=True, label="Also time each turn without reuse (cold full recompute)"
+                        )
+                        last_turn_only = gr.Checkbox(
+                            value=backend.is_shipped_small, label="Prompt holds the latest turn only",
+                            info="the suite's single-screen questions are single turns; the cache keeps every image",
+                        )  # fmt: skip
+                        with gr.Row():
+                            clear_chat_button = gr.Button("Clear session")
+                            clear_store_button = gr.Button("Clear store", variant="stop")
+                        plot = gr.Plot(ttft_figure([]), format="png", show_label=False, elem_id="ttft-plot")
+        stats = gr.Markdown(elem_id="store-stats")
+        episode_inputs = [episode, seed, episode_window, episode_reuse]
+        episode_panels = [screen, episode_log, episode_status, policy, screens, stats]
+        new_button.click(new_episode, episode_inputs, episode_panels)
+        step_button.click(step_episode, episode_inputs, episode_panels)
+        run_button.click(run_episode, episode_inputs, episode_panels)
         # Check first, with no outputs: a refused message shows only a toast (an event that fails marks each
         # of its outputs "Error" and blanks them).
         message.submit(check_message, [message, chat], None).success(

@@ -1,6 +1,7 @@
 """What the demo's page shows, as text and figures: one turn's line (``format_turn``), the turn log
-(``format_turn_log``), the stores' counters (``format_stats``) and the TTFT plot (``ttft_figure``). Pure functions
-of ``app.backend``'s records; no KV work here."""
+(``format_turn_log``), the agent episode's step table and status (``format_episode_log``,
+``format_episode_status``), the stores' counters (``format_stats``) and the TTFT plot (``ttft_figure``). Pure
+functions of ``app.backend``'s and ``app.episode``'s records; no KV work here."""
 
 from __future__ import annotations
 
@@ -14,8 +15,12 @@ from mmkv import ImageReuse
 from mmkv.cache import TierStats
 
 from .backend import COLD_LABEL, POLICIES, DemoBackend, TurnRecord
+from .episode import AgentStep, EpisodeRun
 
-__all__ = ["display_text", "format_stats", "format_turn", "format_turn_log", "images_summary", "ttft_figure"]
+__all__ = [
+    "display_text", "format_episode_log", "format_episode_status", "format_stats", "format_turn", "format_turn_log",
+    "images_summary", "ttft_figure",
+]  # fmt: skip
 
 
 def display_text(text: str) -> str:
@@ -76,6 +81,47 @@ def format_turn_log(turns: Sequence[TurnRecord]) -> str:
         )
     latest, *earlier = [format_turn(record) for record in reversed(turns)]
     return "\n".join([f"**{latest}**", "", *(f"- {line}" for line in earlier)])
+
+
+EPISODE_COLUMNS = ("step", "tool call", "right", "expected", "TTFT ms", "images (where their KV came from)",
+                   "prompt tokens reused")  # fmt: skip
+
+
+def _episode_row(step: AgentStep) -> str:
+    answer = step.answer
+    cells = (
+        str(step.number), f"`{step.call}`" if step.call else "(no call)", "✓" if step.is_right else "✗",
+        f"`{step.expected}`", f"{step.ttft_ms:.1f}", images_summary(answer.images),
+        f"{answer.reused_tokens} of {answer.prompt_tokens}",
+    )  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def format_episode_log(steps: Sequence[AgentStep]) -> str:
+    """Markdown: one row per step (``EPISODE_COLUMNS``): the call, ✓ or ✗, the right call, TTFT, where each
+    image's KV came from (counted, as ``images_summary``) and the prompt tokens not recomputed."""
+    if not steps:
+        return "*No steps yet: start an episode, then step through it or run it.*"
+    lines = ["| " + " | ".join(EPISODE_COLUMNS) + " |", "|" + "---|" * len(EPISODE_COLUMNS)]
+    return "\n".join(lines + [_episode_row(step) for step in steps])
+
+
+def format_episode_status(run: EpisodeRun) -> str:
+    """One Markdown line: the episode, the role in force, the steps made and right, and its state."""
+    if not run.started:
+        return "*No episode yet.*"
+    right = sum(step.is_right for step in run.steps)
+    if not run.done:
+        state = "running"
+    elif run.stopped:
+        state = "**stopped**: the last answer made no call"
+    else:
+        state = "**done: success**" if run.app.success else "**done: failed**"
+    return (
+        f"Episode seed {run.seed} ({run.settings.split}, window {run.settings.window}, reuse "
+        f"{run.settings.reuse}) · account_role now: {run.app.role} · {len(run.steps)} steps, {right} right · "
+        f"{state}"
+    )
 
 
 def _human_bytes(num: int) -> str:

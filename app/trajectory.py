@@ -1,5 +1,7 @@
-"""The demo's example trajectory and example questions: the task suite's own sample forms (the screens, policy
-and questions the shipped model was trained on), each with the answer the shipped model gives.
+"""The demo's examples: the agent episode it starts with (``DEMO_EPISODE_SEED``, a held-out desktop episode, and
+the calls the shipped model makes on it), and the chat tab's single-screen steps and picture questions, the task
+suite's own sample forms (the screens, policy and questions the shipped model was trained on), each with the
+answer the shipped model gives.
 
 The agent trajectory: the ticket-desk policy as system prompt (``account_role: admin``), three UI panels, then
 the first panel again. Each step asks for the next tool call; the last step's screenshot is a cache hit. The
@@ -14,9 +16,20 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["EXAMPLES_DIR", "POLICY", "QUESTIONS", "TRAJECTORY", "ExampleStep", "write_example_images"]
+__all__ = [
+    "DEMO_EPISODE_CALLS", "DEMO_EPISODE_SEED", "EXAMPLES_DIR", "POLICY", "QUESTIONS", "TRAJECTORY", "ExampleStep",
+    "write_example_images",
+]  # fmt: skip
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
+
+# The demo's agent episode: the held-out desktop episode it starts with, and the calls the shipped model makes
+# on it, step by step (7 steps: a red badge for a viewer, a returning ticket to close; every call right).
+DEMO_EPISODE_SEED = 0
+DEMO_EPISODE_CALLS = (
+    "escalate(item=ticket)", "fill(field=note, text=viewer)", "click(target=submit)", "click(target=ok)",
+    "click(target=submit)", "click(target=ok)", "click(target=close)",
+)  # fmt: skip
 POLICY = (  # evals.tasks.AGENTIC_POLICY with account_role = admin
     "Policy. account_role: admin. If the status badge is red: an admin answers click(approve), anyone else "
     "answers escalate(ticket). If the badge is green: answer click(submit) when the form field is filled, "

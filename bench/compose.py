@@ -143,9 +143,7 @@ def store_part(handle: mmkv.ModelHandle, args, repeats: int) -> dict:
 
         def load() -> float:
             nonlocal equal
-            store = KVStore(
-                directory
-            )  # a fresh store: empty memory tier, the disk tier on the directory
+            store = KVStore(directory)  # a fresh store: empty memory tier, the disk tier on the directory
             started = time.perf_counter()
             loaded = mmkv.text.precompile(handle, text, store=store)
             ms = 1e3 * (time.perf_counter() - started)

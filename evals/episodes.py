@@ -1,28 +1,39 @@
-"""The episode eval: does the model act right through tools on held-out desktop episodes (full recompute)?
+"""The episode eval: does the model act right through tools on held-out desktop episodes, and does reuse change it?
 
 Each held-out episode of ``mmkv.envs.DesktopApp`` (new seeds, pictures never shown in training) is replayed step
 by step: the prompt is the message list an agent resends before that step (``Episode.messages``: the policy,
 the task, the history of tool calls and results, the last ``--window`` screenshots in tool messages or in user
-messages), rendered through the stock path (``processor.apply_chat_template(messages, tools=...)`` then the
-processor), the model answers greedily, and its first hermes tool call is compared with the right one. The
+messages), the model answers greedily, and its first hermes tool call is compared with the right one. The
 history is always the right one (each step is scored on its own), so per-step accuracy is what an agent
 corrected at every step would get; an episode succeeds when every one of its steps is right.
 
-Reported per decision kind (approve, escalate, fill, submit, ok, close), for the steps that depend on an earlier
-step (a returning ticket, a role signed in again), and overall: per-step accuracy and episode success with exact
-(Wilson) 95% intervals, and the prompt's tokens and images per step. Only the reference arm (``none``, full
-recompute) is run here; the reuse arms need tool prompts in ``mmkv.Session`` / ``mmkv serve``.
+Two arms, run side by side step by step:
+
+- ``none``, the reference: full recompute through the stock path (``processor.apply_chat_template(messages,
+  tools=...)``, the processor, ``model.generate``);
+- ``kv``: the same messages sent, in the agent's order, to ``mmkv serve``'s app in process (the official
+  ``openai`` client over an ASGI transport; ``tool_choice="auto"``, greedy): the pool continues each request
+  from the previous one's cache, and once the window slid, the screenshots that moved are spliced from the store,
+  re-rotated. Its ``agreement`` is the fraction of steps whose call equals ``none``'s.
+
+Reported per arm and decision kind (approve, escalate, fill, submit, ok, close), for the steps that depend on an
+earlier step (a returning ticket, a role signed in again), and overall: per-step accuracy, agreement with
+``none``, episode success, with Wilson 95% intervals; the prompt's tokens and images per step, and for ``kv``
+the fraction of prompt tokens not recomputed.
 
     python evals/episodes.py --model small-qwen3-vl --n 50
+    python evals/episodes.py --model small-qwen3-vl --n 50 --arms none         # the reference only
     python evals/episodes.py --model tiny-qwen3-vl --n 2 --screenshot-in user --window 2
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -41,10 +52,15 @@ from evals.report import (  # noqa: E402
     write_results,
 )
 from mmkv.cli import HelpFormatter  # noqa: E402
-from mmkv.envs import Episode, expert_episode, message_images, parse_tool_calls  # noqa: E402
+from mmkv.envs import Episode, FunctionCall, expert_episode, message_images, parse_tool_calls  # noqa: E402
 from mmkv.model.processor import VLProcessor  # noqa: E402
 
-__all__ = ["aggregate", "greedy_text", "heldout_episodes", "run", "score_episode", "step_inputs"]
+__all__ = [
+    "ARMS", "aggregate", "greedy_text", "heldout_episodes", "run", "score_episode", "served_client",
+    "step_inputs",
+]  # fmt: skip
+
+ARMS = ("none", "kv")  # the reference (stock path, full recompute) and reuse through the server
 
 MAX_CALL_TOKENS = 96  # the longest right call (fill ... viewer) is about 70 tokens with the small tokenizer
 
@@ -102,31 +118,98 @@ def score_episode(
         answer = greedy_text(handle, inputs, max_new_tokens)
         calls = parse_tool_calls(answer)
         records.append({
-            "seed": episode.seed, "step": k, "steps": len(episode.steps), "kind": step.kind,
+            "arm": "none", "seed": episode.seed, "step": k, "steps": len(episode.steps), "kind": step.kind,
             "uses_history": step.uses_history, "expected": str(step.call), "answer": answer,
             "called": str(calls[0]) if calls else "", "correct": bool(calls) and calls[0] == step.call,
-            "prompt_tokens": int(inputs["input_ids"].shape[1]), "images": len(message_images(messages)),
+            "agree": True, "prompt_tokens": int(inputs["input_ids"].shape[1]),
+            "images": len(message_images(messages)),
+        })  # fmt: skip
+    return records
+
+
+@contextmanager
+def served_client(handle: mmkv.ModelHandle, name: str) -> Iterator:
+    """An ``openai.OpenAI`` client over ``mmkv serve``'s app for ``handle`` in this process (ASGI transport, no
+    socket; its own pool and in-memory stores, served under ``name``); closed on exit."""
+    from openai import OpenAI
+    from starlette.testclient import TestClient
+
+    from mmkv.serve import Engine, ServerConfig, create_app
+
+    engine = Engine(ServerConfig(model=name, device=str(handle.device)), handle)
+    try:
+        with TestClient(create_app(engine)) as http:
+            yield OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=http, max_retries=0)
+    finally:
+        engine.close()
+
+
+def _first_call(message) -> FunctionCall | None:
+    """The first call of a returned assistant message (tool_calls, else hermes blocks left in its text)."""
+    for entry in message.tool_calls or ():
+        try:
+            return FunctionCall.from_openai({"function": {"name": entry.function.name,
+                                                      "arguments": entry.function.arguments}})  # fmt: skip
+        except (ValueError, json.JSONDecodeError):
+            return FunctionCall(entry.function.name, {"invalid arguments": entry.function.arguments})
+    calls = parse_tool_calls(message.content or "")
+    return calls[0] if calls else None
+
+
+def score_episode_served(
+    client,
+    model: str,
+    episode: Episode,
+    reference: Sequence[dict],
+    screenshot_in: str = "tool",
+    window: int | None = 3,
+    reuse: str = "kv",
+    max_new_tokens: int = MAX_CALL_TOKENS,
+) -> list[dict]:
+    """One record per step through the server (``client`` from ``served_client``) under ``reuse``: the prompt
+    before each step sent as an agent resends it (greedy, ``tool_choice="auto"``), the first call scored and
+    compared with ``reference`` (the ``none`` records of the same episode). Fields as ``score_episode``, and
+    ``agree`` (the same call as the reference, or both none and the same text), ``reused_tokens``,
+    ``ttft_ms`` (the server's), ``sources`` (per image in the prompt: live, memory, computed, ...)."""
+    tools, records = episode.tools, []
+    for k, (step, ref) in enumerate(zip(episode.steps, reference, strict=True)):
+        messages = episode.messages(k, screenshot_in=screenshot_in, window=window)
+        reply = client.chat.completions.create(
+            model=model, messages=messages, tools=tools, tool_choice="auto", max_tokens=max_new_tokens,
+            temperature=0, extra_body={"mmkv": {"reuse": reuse}},
+        )  # fmt: skip
+        message, report = reply.choices[0].message, reply.model_extra["mmkv"]
+        call = _first_call(message)
+        called = str(call) if call is not None else ""
+        records.append({
+            "arm": reuse, "seed": episode.seed, "step": k, "steps": len(episode.steps), "kind": step.kind,
+            "uses_history": step.uses_history, "expected": str(step.call), "answer": message.content or "",
+            "called": called, "correct": call == step.call,
+            "agree": called == ref["called"] and (called != "" or (message.content or "") == ref["answer"]),
+            "prompt_tokens": reply.usage.prompt_tokens, "images": len(report["images"]),
+            "reused_tokens": report["reused_tokens"], "ttft_ms": report["ttft_ms"],
+            "sources": [i["source"] for i in report["images"]],
         })  # fmt: skip
     return records
 
 
 def aggregate(records: Sequence[dict], resamples: int = 1000, seed: int = 0) -> dict:
-    """``{"steps": {kind | "all" | "uses history": cell}, "episodes": cell}``: per-step cells (``accuracy``
-    with a Wilson interval, ``prompt_tokens`` median, ``images`` mean) by decision kind, overall, and over the
-    steps that depend on an earlier one; then episode success (every step right) over episodes. Pure."""
-    rows = [r | {"arm": "none"} for r in records]
-    steps = cells(rows, "arm", "kind", EPISODE_METRICS, resamples, seed)["none"]
+    """``{"steps": {arm: {kind | "all" | "uses history": cell}}, "episodes": {arm: cell}}``: per-step cells
+    (``accuracy`` and ``agreement`` with none, Wilson intervals; ``prompt_tokens`` median, ``images`` mean) by arm
+    and decision kind, overall, and over the steps that depend on an earlier one; then per arm episode success
+    (every step right) over episodes. A record without ``arm`` is ``none``'s. Pure."""
+    rows = [{"arm": "none", "agree": True} | r for r in records]
+    steps = cells(rows, "arm", "kind", EPISODE_METRICS, resamples, seed, arm_order=ARMS)
     history = [r | {"group": "uses history"} for r in rows if r["uses_history"]]
-    if history:
-        steps["uses history"] = cells(history, "arm", "group", EPISODE_METRICS, resamples, seed)["none"][
-            "all"
-        ]
-    by_episode: dict[int, bool] = {}
-    for r in records:
-        by_episode[r["seed"]] = by_episode.get(r["seed"], True) and bool(r["correct"])
-    episodes = [{"arm": "none", "group": "all", "correct": ok} for ok in by_episode.values()]
-    success = cells(episodes, "arm", "group", {"accuracy": EPISODE_METRICS["accuracy"]})["none"]["all"]
-    return {"steps": steps, "episodes": success}
+    for arm, table in cells(history, "arm", "group", EPISODE_METRICS, resamples, seed).items():
+        steps[arm]["uses history"] = table["all"]
+    by_episode: dict[tuple[str, int], bool] = {}
+    for r in rows:
+        key = (r["arm"], r["seed"])
+        by_episode[key] = by_episode.get(key, True) and bool(r["correct"])
+    episodes = [{"arm": arm, "group": "all", "correct": ok} for (arm, _), ok in by_episode.items()]
+    success = cells(episodes, "arm", "group", {"accuracy": EPISODE_METRICS["accuracy"]}, arm_order=ARMS)
+    return {"steps": steps, "episodes": {arm: table["all"] for arm, table in success.items()}}
 
 
 def run(
@@ -135,36 +218,53 @@ def run(
     seed: int = 0,
     screenshot_in: str = "tool",
     window: int = 3,
+    arms: Sequence[str] = ARMS,
     device: str | None = None,
     out: str | Path | None = None,
     progress: bool = True,
 ) -> dict:
-    """Score ``n`` held-out episodes; write ``results.json`` / ``.md`` / ``.png`` to ``out``; return them."""
+    """Score ``n`` held-out episodes under ``arms`` (``none`` always runs: it is the reference); write
+    ``results.json`` / ``.md`` to ``out``; return them."""
     handle = model if isinstance(model, mmkv.ModelHandle) else mmkv.load(model, device=device)
     name = handle.name if isinstance(model, mmkv.ModelHandle) else str(model)
     out = Path(out) if out is not None else default_out("episodes", name)
     out.mkdir(parents=True, exist_ok=True)
+    served = [arm for arm in arms if arm != "none"]
     started = time.perf_counter()
     records = []
-    for episode in tqdm(
-        heldout_episodes(n, seed), desc=f"episodes {name}", unit="episode", disable=not progress
-    ):
-        records.extend(score_episode(handle, episode, screenshot_in, window))
+    with served_client(handle, name) if served else _nothing() as client:
+        for episode in tqdm(
+            heldout_episodes(n, seed), desc=f"episodes {name}", unit="episode", disable=not progress
+        ):
+            reference = score_episode(handle, episode, screenshot_in, window)
+            records.extend(reference)
+            for arm in served:
+                records.extend(
+                    score_episode_served(client, name, episode, reference, screenshot_in, window, arm)
+                )
     table = aggregate(records, seed=seed)
     results = {
         "settings": {
             "model": name, "family": handle.family.name, "n": n, "seed": seed, "screenshot_in": screenshot_in,
-            "window": window, "num_samples": len(records), "seconds": time.perf_counter() - started,
+            "window": window, "arms": ["none", *served], "num_samples": len(records),
+            "seconds": time.perf_counter() - started,
         },
         "records": records,
         "aggregate": table,
     }  # fmt: skip
     header = (
-        f"# Episode eval: {name}\n\n{n} held-out episodes ({len(records)} steps), full recompute, screenshots in "
-        f"{screenshot_in} messages, window {window}; Wilson 95% intervals in brackets.\n\n"
+        f"# Episode eval: {name}\n\n{n} held-out episodes ({len(records) // (1 + len(served))} steps), "
+        f"screenshots in {screenshot_in} messages, window {window}. `none`: full recompute (stock path); "
+        f"`kv`: through mmkv serve (pool prefix, screenshots spliced from the store); agreement: the same call "
+        f"as `none`. Wilson 95% intervals in brackets.\n\n"
     )
     write_results(out, results, header, episode_markdown(table), None)
     return results
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="first episode seed")
     parser.add_argument("--screenshot-in", choices=["tool", "user"], default="tool")
     parser.add_argument("--window", type=int, default=3, help="screenshots kept in the prompt")
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS), help="none always runs")
     parser.add_argument("--device", default=None)
     parser.add_argument("--out", default=None, help="output folder (default runs/episodes-<model>)")
     return parser

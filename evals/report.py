@@ -149,6 +149,7 @@ COMPOSE_METRICS = {
 }
 EPISODE_METRICS = {
     "accuracy": Metric(("correct",)),
+    "agreement": Metric(("agree",)),  # the same call as the reference arm (none) at the same step
     "prompt_tokens": Metric(("prompt_tokens",), _median),
     "images": Metric(("images",), _mean),
 }
@@ -263,13 +264,15 @@ def compose_markdown(table: dict[str, dict], by: str = "gate") -> str:
 
 
 def episode_markdown(table: dict) -> str:
-    """The episode eval: per-step accuracy by decision kind, then episode success."""
-    columns = [_column("step accuracy", "accuracy"), _column("median prompt tokens", "prompt_tokens", 0),
-               _column("images per prompt", "images", 1)]  # fmt: skip
-    steps = _markdown({"none": table["steps"]}, "arm", "decision", columns)
+    """The episode eval: per arm, per-step accuracy and agreement with none by decision kind, then episode
+    success."""
+    columns = [_column("step accuracy", "accuracy"), _column("agreement with none", "agreement"),
+               _column("median prompt tokens", "prompt_tokens", 0), _column("images per prompt", "images", 1)]  # fmt: skip
+    steps = _markdown(table["steps"], "arm", "decision", columns)
     episodes = _markdown(
-        {"none": {"all": table["episodes"]}}, "arm", "episodes", [_column("success", "accuracy")]
-    )
+        {arm: {"all": cell} for arm, cell in table["episodes"].items()}, "arm", "episodes",
+        [_column("success", "accuracy")],
+    )  # fmt: skip
     return steps + "\n\n" + episodes
 
 

@@ -151,9 +151,7 @@ def test_a_session_runs_a_tool_loop_and_records_the_calls(tiny):
     assert answer.finish_reason == "stop" and len(answer.tool_calls) == 1
     call = answer.tool_calls[0]
     assert (
-        call.id.startswith("call_")
-        and call.name == "click"
-        and isinstance(json.loads(call.arguments), dict)
+        call.id.startswith("call_") and call.name == "click" and isinstance(json.loads(call.arguments), dict)
     )
     assert session.conversation.messages[-1].tool_calls == answer.tool_calls
     session.add_tool_result(call.id, "done", [random_image(2, (4, 6), tiny.processor.patch_size)])

@@ -12,7 +12,14 @@ from __future__ import annotations
 
 from .desktop import POLICY, DesktopApp, Observation, StepResult
 from .episodes import Episode, EpisodeStep, expert_episode
-from .messages import SCREEN_TEXT, agent_messages, image_data_url, message_images
+from .messages import (
+    SCREEN_TEXT,
+    agent_messages,
+    image_data_url,
+    keep_last_screenshots,
+    message_images,
+    tool_result_messages,
+)
 from .tools import TOOLS, FunctionCall, hermes_text, parse_tool_calls, tool_specs
 
 __all__ = [
@@ -29,7 +36,9 @@ __all__ = [
     "expert_episode",
     "hermes_text",
     "image_data_url",
+    "keep_last_screenshots",
     "message_images",
     "parse_tool_calls",
+    "tool_result_messages",
     "tool_specs",
 ]

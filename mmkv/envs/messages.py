@@ -27,7 +27,10 @@ from PIL import Image
 
 from .tools import FunctionCall
 
-__all__ = ["SCREEN_TEXT", "ScreenshotIn", "StepLike", "agent_messages", "image_data_url", "message_images"]
+__all__ = [
+    "SCREEN_TEXT", "ScreenshotIn", "StepLike", "agent_messages", "image_data_url", "keep_last_screenshots",
+    "message_images", "tool_result_messages",
+]  # fmt: skip
 
 ScreenshotIn = Literal["tool", "user"]
 SCREEN_TEXT = (
@@ -108,6 +111,61 @@ def agent_messages(
             messages.append({"role": "tool", "tool_call_id": call_id, "content": step.result})
             messages.append({"role": "user", "content": _content(SCREEN_TEXT, kept(number), as_url)})
     return messages
+
+
+def tool_result_messages(
+    call_id: str, text: str, screenshot: Image.Image | str, screenshot_in: ScreenshotIn = "tool"
+) -> list[dict]:
+    """The messages answering call ``call_id`` with ``text`` and the next ``screenshot`` (a picture, or its data
+    URL), as ``agent_messages`` places them: one tool message ``[text, image]``, or (``screenshot_in="user"``) a
+    tool message with the text then a user message ``[SCREEN_TEXT, image]``. Pure."""
+    url = screenshot if isinstance(screenshot, str) else image_data_url(screenshot)
+    image = {"type": "image_url", "image_url": {"url": url}}
+    if screenshot_in == "tool":
+        return [{"role": "tool", "tool_call_id": call_id, "content": [{"type": "text", "text": text}, image]}]
+    if screenshot_in != "user":
+        raise ValueError(f"screenshot_in must be 'tool' or 'user', got {screenshot_in!r}")
+    return [
+        {"role": "tool", "tool_call_id": call_id, "content": text},
+        {"role": "user", "content": [{"type": "text", "text": SCREEN_TEXT}, image]},
+    ]
+
+
+def _is_image(part: dict) -> bool:
+    return part.get("type") in ("image", "image_url")
+
+
+def keep_last_screenshots(messages: Sequence[dict], window: int | None) -> list[dict]:
+    """``messages`` with only the last ``window`` image parts kept (``None``: all), as an agent trims the history
+    it resends. A message that loses its images keeps its other parts; left with one text part, its content
+    becomes that text, as ``agent_messages`` writes a dropped screenshot's message. Pure: the messages given are
+    not changed (changed ones are copies). Raises ``ValueError`` for a window below 1.
+
+    >>> shot = {"type": "image_url", "image_url": {"url": "data:,"}}
+    >>> keep_last_screenshots([{"role": "user", "content": [{"type": "text", "text": "a"}, shot]},
+    ...                        {"role": "tool", "content": [{"type": "text", "text": "b"}, shot]}], 1)[0]
+    {'role': 'user', 'content': 'a'}
+    """
+    if window is not None and window < 1:
+        raise ValueError(f"window must be >= 1 or None, got {window}")
+    total = sum(_is_image(p) for m in messages if isinstance(m.get("content"), list) for p in m["content"])
+    to_drop = 0 if window is None else max(0, total - window)
+    kept = []
+    for message in messages:
+        content = message.get("content")
+        if to_drop == 0 or not isinstance(content, list) or not any(_is_image(p) for p in content):
+            kept.append(message)
+            continue
+        parts = []
+        for part in content:
+            if _is_image(part) and to_drop > 0:
+                to_drop -= 1
+            else:
+                parts.append(part)
+        if len(parts) == 1 and parts[0].get("type") == "text":
+            parts = parts[0]["text"]
+        kept.append({**message, "content": parts})
+    return kept
 
 
 def message_images(messages: Sequence[dict]) -> list[Image.Image]:

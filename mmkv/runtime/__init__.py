@@ -21,6 +21,7 @@ from .decode import (
 )
 from .execute import attention_mask, execute, replace_span, resolve_features
 from .live import LiveCache, LivePiece
+from .patch import PatchStore, SegmentPatch, fit_patch
 from .plan import (
     FeatureSlice,
     ImageReuse,
@@ -34,7 +35,6 @@ from .plan import (
     plan_replace,
     plan_turn,
 )
-from .patch import PatchStore, SegmentPatch, fit_patch
 from .policy import DEFAULT_BUDGET, REPAIRS, RepairKind
 from .repair import repair_plan
 from .report import Answer, PrefillStats, RepairStats

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from app.trajectory import TRAJECTORY
+from app.trajectory import DEMO_EPISODE_CALLS, DEMO_EPISODE_SEED, TRAJECTORY
 
 from .conftest import REPO, SCREEN_1
 
@@ -46,6 +46,14 @@ BOT_MESSAGE = "#chatbot [data-testid=bot]"
 USER_MESSAGE = "#chatbot [data-testid=user]"
 TURN_LOG = "#turn-log"
 ERROR_TOAST = "[data-testid=toast-body].error"
+EPISODE_ROWS = "#episode-log table tbody tr"
+EPISODE_STATUS = "#episode-status"
+
+
+def _open_chat(page) -> None:
+    """Show the Chat tab (the page opens on the agent episode)."""
+    page.get_by_role("tab", name="Chat").click()
+    page.wait_for_selector(MESSAGE_TEXT)
 
 
 def _free_port() -> int:
@@ -108,7 +116,7 @@ def test_trajectory_in_the_browser(server, tmp_path):
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(TURN_TIMEOUT_MS)
             page.goto(server, wait_until="domcontentloaded")
-            page.wait_for_selector(MESSAGE_TEXT)
+            _open_chat(page)
 
             def send(text: str, image: Path | None, turn: int) -> str:
                 """Attach ``image`` (if any), type ``text``, submit; returns the turn log once answered."""
@@ -163,7 +171,7 @@ def test_the_example_trajectory_answers_as_expected(server, tmp_path):
             page = browser.new_page(viewport={"width": 1400, "height": 1400})
             page.set_default_timeout(TURN_TIMEOUT_MS)
             page.goto(server, wait_until="domcontentloaded")
-            page.wait_for_selector(MESSAGE_TEXT)
+            _open_chat(page)
             expect(page.locator("#model-line")).to_contain_text("cannot chat")
             for turn, step in enumerate(TRAJECTORY, start=1):
                 page.get_by_text(step.label, exact=True).click()
@@ -183,3 +191,69 @@ def test_the_example_trajectory_answers_as_expected(server, tmp_path):
         target = Path(os.environ["MMKV_ARTIFACTS"])
         target.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(shot, target / "demo-trajectory.png")
+
+
+def _episode_in_the_browser(url: str, artifact: Path, name: str) -> list[list[str]]:
+    """Open the page, press Run episode, wait until the episode is over; returns the step table's cells per row
+    (the page's screenshot saved to ``artifact`` and, with $MMKV_ARTIFACTS, copied there as ``name``)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1400})
+            page.set_default_timeout(TURN_TIMEOUT_MS)
+            page.goto(url, wait_until="domcontentloaded")
+            page.wait_for_selector("#episode-run")
+            expect(page.locator("#episode-seed input")).to_have_value(str(DEMO_EPISODE_SEED))
+            page.click("#episode-run")
+            expect(page.locator(EPISODE_STATUS)).to_contain_text("done", timeout=TURN_TIMEOUT_MS * 3)
+            expect(page.locator("#screen img")).to_have_count(1)
+            rows = page.locator(EPISODE_ROWS)
+            cells = [
+                [c.strip() for c in rows.nth(i).locator("td").all_inner_texts()] for i in range(rows.count())
+            ]
+            page.screenshot(path=str(artifact), full_page=True)
+        finally:
+            browser.close()
+    if os.environ.get("MMKV_ARTIFACTS"):
+        target = Path(os.environ["MMKV_ARTIFACTS"])
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(artifact, target / name)
+    return cells
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian's chromium is not installed at {CHROMIUM}")
+def test_the_agent_episode_in_the_browser(server, tmp_path):
+    """Run episode on the tiny model: the page shows one row per step whose call, verdict and right call are
+    what the same episode gives in process (the same deterministic weights and code), the first screenshot
+    computed, the second step keeping it live, and from the fourth step on (window 3 slid) a store hit."""
+    from app.backend import DemoBackend
+    from app.episode import EpisodeRun
+
+    run = EpisodeRun(DemoBackend("tiny-qwen3-vl", device="cpu"))
+    run.reset(DEMO_EPISODE_SEED)
+    expected = list(run.run())
+    cells = _episode_in_the_browser(server, tmp_path / "demo-episode.png", "demo-episode.png")
+    assert len(cells) == len(expected) >= 1
+    for row, step in zip(cells, expected, strict=True):
+        assert row[0] == str(step.number) and row[1] == (step.call or "(no call)") and row[3] == step.expected
+        assert row[2] == ("✓" if step.is_right else "✗")
+    assert cells[0][5] == "1 image: 1 computed"
+    if len(cells) > 1:
+        assert "1 kept (live prefix)" in cells[1][5]
+    assert all("cache hit (memory)" in row[5] for row in cells[3:])
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian's chromium is not installed at {CHROMIUM}")
+@pytest.mark.parametrize("server", ["small-qwen3-vl"], indirect=True)
+def test_the_shipped_model_runs_the_demo_episode(server, tmp_path):
+    """On the retrained shipped model: every step's call is the expected one (DEMO_EPISODE_CALLS) and right, and
+    from the fourth step on the earliest screenshot in the prompt is a store hit."""
+    template = REPO / "checkpoints" / "small-qwen3-vl" / "chat_template.jinja"
+    if "tool_call" not in template.read_text():
+        pytest.skip("the shipped checkpoint does not call tools yet")
+    cells = _episode_in_the_browser(server, tmp_path / "demo-episode-shipped.png", "demo-episode-shipped.png")
+    assert [row[1] for row in cells] == list(DEMO_EPISODE_CALLS)
+    assert all(row[2] == "✓" for row in cells)
+    assert all("cache hit (memory)" in row[5] for row in cells[3:])

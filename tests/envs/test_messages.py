@@ -15,8 +15,10 @@ from mmkv.envs import (
     expert_episode,
     hermes_text,
     image_data_url,
+    keep_last_screenshots,
     message_images,
     parse_tool_calls,
+    tool_result_messages,
 )
 from mmkv.synthetic import picture_digest
 
@@ -128,3 +130,31 @@ def test_parse_tool_calls_skips_malformed_blocks():
     assert hermes_text(FunctionCall("fill", {"field": "note", "text": "admin"})) == (
         '<tool_call>\n{"name": "fill", "arguments": {"field": "note", "text": "admin"}}\n</tool_call>'
     )
+
+
+@pytest.mark.parametrize("screenshot_in", ["tool", "user"])
+@pytest.mark.parametrize("window", [1, 2, 3, None])
+def test_trimming_a_full_history_gives_the_windowed_one(episode, screenshot_in, window):
+    """An agent that keeps every screenshot and trims before sending (keep_last_screenshots) sends exactly the
+    list agent_messages builds with that window; the full history it keeps is unchanged."""
+    for k in range(len(episode.steps) + 1):
+        full = episode.messages(k, screenshot_in=screenshot_in, window=None)
+        kept = json.dumps(full)
+        assert keep_last_screenshots(full, window) == episode.messages(
+            k, screenshot_in=screenshot_in, window=window
+        )
+        assert json.dumps(full) == kept
+    with pytest.raises(ValueError, match="window"):
+        keep_last_screenshots(full, 0)
+
+
+@pytest.mark.parametrize("screenshot_in", ["tool", "user"])
+def test_tool_result_messages_are_agent_messages_own(episode, screenshot_in):
+    """An agent that appends each call and tool_result_messages builds the list agent_messages gives."""
+    built = episode.messages(0, screenshot_in=screenshot_in, window=None)
+    for k, step in enumerate(episode.steps):
+        built.append({"role": "assistant", "content": None, "tool_calls": [step.call.to_openai(f"call_{k}")]})
+        built += tool_result_messages(f"call_{k}", step.result, step.image, screenshot_in)
+    assert built == episode.messages(len(episode.steps), screenshot_in=screenshot_in, window=None)
+    with pytest.raises(ValueError, match="screenshot_in"):
+        tool_result_messages("c", "t", episode.first_image, "elsewhere")

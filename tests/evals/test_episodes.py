@@ -18,17 +18,34 @@ def test_held_out_episodes_are_held_out_and_distinct():
 
 
 def test_a_run_scores_every_step_and_writes_its_files(tmp_path, tiny_by_name):
-    """One episode on the tiny model: a record per step, prompts with at most 3 images, the tables written."""
+    """One episode on the tiny model, both arms: a record per step and arm, prompts with at most 3 images; the
+    server renders the prompt the stock path renders (the same token count at every step); kv's images come
+    from the pool or the store except the newest; agreement is the same call as none's; the tables written."""
     args = build_parser().parse_args(["--n", "1", "--window", "3", "--out", str(tmp_path)])
     res = run(**{**vars(args), "model": tiny_by_name["tiny-qwen3-vl"]}, progress=False)
-    records, episode = res["records"], heldout_episodes(1)[0]
-    assert len(records) == len(episode.steps) and [r["step"] for r in records] == list(range(len(records)))
-    assert all(
-        1 <= r["images"] <= 3 and r["expected"] == str(s.call)
-        for r, s in zip(records, episode.steps, strict=True)
-    )
-    assert json.loads((tmp_path / "results.json").read_text())["aggregate"]["episodes"]["n"] == 1
-    assert "| none | all |" in (tmp_path / "results.md").read_text()
+    episode = heldout_episodes(1)[0]
+    by_arm = {arm: [r for r in res["records"] if r["arm"] == arm] for arm in ("none", "kv")}
+    for records in by_arm.values():
+        assert len(records) == len(episode.steps) and [r["step"] for r in records] == list(
+            range(len(records))
+        )
+        assert all(
+            1 <= r["images"] <= 3 and r["expected"] == str(s.call)
+            for r, s in zip(records, episode.steps, strict=True)
+        )
+    for none, kv in zip(by_arm["none"], by_arm["kv"], strict=True):
+        assert kv["prompt_tokens"] == none["prompt_tokens"] and kv["images"] == none["images"]
+        assert kv["agree"] == (
+            kv["called"] == none["called"] and (kv["called"] != "" or kv["answer"] == none["answer"])
+        )
+        assert all(s in ("live", "memory") for s in kv["sources"][:-1])
+    assert by_arm["kv"][0]["sources"] == ["computed"] and by_arm["kv"][3]["sources"][0] == "memory"
+    assert all(r["reused_tokens"] > 0 for r in by_arm["kv"][1:])
+    saved = json.loads((tmp_path / "results.json").read_text())["aggregate"]
+    assert saved["episodes"]["none"]["n"] == saved["episodes"]["kv"]["n"] == 1
+    assert saved["steps"]["none"]["all"]["agreement"]["value"] == 1.0
+    markdown = (tmp_path / "results.md").read_text()
+    assert "| none | all |" in markdown and "| kv | all |" in markdown
 
 
 def test_the_prompt_ends_where_the_call_begins(tiny_by_name):
@@ -40,23 +57,27 @@ def test_the_prompt_ends_where_the_call_begins(tiny_by_name):
     assert inputs["image_grid_thw"].shape[0] == 2
 
 
-def test_aggregate_counts_steps_kinds_history_and_episodes():
+def test_aggregate_counts_steps_kinds_history_agreement_and_episodes():
+    """Per arm: accuracy by kind and overall, the history steps, agreement with none, episode success."""
+    base = {"prompt_tokens": 900, "images": 2}
     rows = [
-        {"seed": 1, "kind": "ok", "uses_history": False, "correct": True, "prompt_tokens": 900, "images": 2},
-        {
-            "seed": 1,
-            "kind": "close",
-            "uses_history": True,
-            "correct": False,
-            "prompt_tokens": 1000,
-            "images": 3,
-        },
-        {"seed": 2, "kind": "ok", "uses_history": False, "correct": True, "prompt_tokens": 800, "images": 1},
+        {"seed": 1, "kind": "ok", "uses_history": False, "correct": True} | base,
+        {"seed": 1, "kind": "close", "uses_history": True, "correct": False} | base,
+        {"seed": 2, "kind": "ok", "uses_history": False, "correct": True} | base,
+        {"arm": "kv", "seed": 1, "kind": "ok", "uses_history": False, "correct": True, "agree": True} | base,
+        {"arm": "kv", "seed": 1, "kind": "close", "uses_history": True, "correct": True, "agree": False}
+        | base,
+        {"arm": "kv", "seed": 2, "kind": "ok", "uses_history": False, "correct": True, "agree": True} | base,
     ]
     table = aggregate(rows)
-    assert table["steps"]["all"]["n"] == 3 and table["steps"]["all"]["accuracy"]["value"] == pytest.approx(
+    none, kv = table["steps"]["none"], table["steps"]["kv"]
+    assert list(table["steps"]) == ["none", "kv"]
+    assert none["all"]["n"] == 3 and none["all"]["accuracy"]["value"] == pytest.approx(2 / 3)
+    assert none["uses history"]["n"] == 1 and none["ok"]["accuracy"]["value"] == 1.0
+    assert none["all"]["agreement"]["value"] == 1.0 and kv["all"]["agreement"]["value"] == pytest.approx(
         2 / 3
     )
-    assert table["steps"]["uses history"]["n"] == 1 and table["steps"]["ok"]["accuracy"]["value"] == 1.0
-    assert table["episodes"]["n"] == 2 and table["episodes"]["accuracy"]["value"] == 0.5
-    assert table["episodes"]["accuracy"]["low"] > 0.0  # Wilson, never a degenerate interval
+    assert kv["uses history"]["accuracy"]["value"] == 1.0
+    assert table["episodes"]["none"]["n"] == 2 and table["episodes"]["none"]["accuracy"]["value"] == 0.5
+    assert table["episodes"]["kv"]["accuracy"]["value"] == 1.0
+    assert table["episodes"]["none"]["accuracy"]["low"] > 0.0  # Wilson, never a degenerate interval

@@ -69,5 +69,7 @@ def test_every_eval_table_renders_its_cells():
     for markdown in (vqa_markdown(table), edit_markdown(table), compose_markdown(table)):
         lines = markdown.splitlines()
         assert len(lines) == 4 and lines[2].startswith("| kv | g | 3 | 0.50 [0.40, 0.60]")
-    episodes = episode_markdown({"steps": {"ok": cell, "all": cell}, "episodes": cell})
-    assert "| none | ok | 3 |" in episodes and "success" in episodes and set(EPISODE_METRICS) <= set(cell)
+    episodes = episode_markdown({"steps": {"none": {"ok": cell, "all": cell}, "kv": {"all": cell}},
+                                 "episodes": {"none": cell, "kv": cell}})  # fmt: skip
+    assert "| none | ok | 3 |" in episodes and "| kv | all | 3 |" in episodes and "success" in episodes
+    assert set(EPISODE_METRICS) <= set(cell)

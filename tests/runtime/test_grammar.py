@@ -209,7 +209,9 @@ def test_tool_calls_parse_and_validate(handle, parallel):
         by_name = {tool["function"]["name"]: tool["function"]["parameters"] for tool in tools}
         named = rng.choice(list(by_name)) if seed % 2 else None
         spec = tool_calls(tools, {"name": named} if named else "required", parallel=parallel)
-        longest = max(len(format_tool_calls([FunctionCall(n, {})])) + max_bytes(p) for n, p in by_name.items())
+        longest = max(
+            len(format_tool_calls([FunctionCall(n, {})])) + max_bytes(p) for n, p in by_name.items()
+        )
         steps = 20 * (longest + 1) if parallel else longest + 1
         constraint = compile_grammar(vocab, spec).start()
         ids = drive(constraint, handle.tokenizer, vocab, seed, max_steps=steps + 1, is_complete=is_hermes)
@@ -442,4 +444,6 @@ def test_a_tool_without_parameters_takes_empty_arguments(handle):
     constraint = constraint_for(handle, tool_calls([{"type": "function", "function": {"name": "noop"}}]))
     assert isinstance(constraint, GrammarConstraint)
     ids = drive(constraint, handle.tokenizer, vocabulary_of(handle), seed=0, max_steps=200)
-    assert handle.tokenizer.decode(ids, skip_special_tokens=True) == format_tool_calls([FunctionCall("noop", {})])
+    assert handle.tokenizer.decode(ids, skip_special_tokens=True) == format_tool_calls(
+        [FunctionCall("noop", {})]
+    )

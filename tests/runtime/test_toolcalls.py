@@ -44,7 +44,10 @@ def _random_calls(rng: random.Random) -> list[FunctionCall]:
 def test_format_matches_the_chat_template(model):
     """format_tool_calls writes exactly what the family's template renders for an assistant message of calls."""
     processor = mmkv.load(model, device="cpu").processor
-    calls = [FunctionCall("click", {"target": "ok", "at": [1, 2]}), FunctionCall("type_text", {"text": 'né "x"'})]
+    calls = [
+        FunctionCall("click", {"target": "ok", "at": [1, 2]}),
+        FunctionCall("type_text", {"text": 'né "x"'}),
+    ]
     messages = [
         {"role": "user", "content": "Go."},
         {
