@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import time
 import uuid
 
@@ -204,19 +205,24 @@ async def _checked_request(request: Request, engine: Engine, deadline: float) ->
     return body
 
 
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string, escapes included (unrolled)
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
 def _depth(data: bytes | bytearray) -> int:
-    """The deepest nesting of brackets in JSON text (strings skipped), counted without parsing."""
+    """The deepest nesting of brackets in JSON text (strings skipped), counted without parsing: the strings are
+    cut out by one regular-expression pass (C speed, so a 20 MiB image URL costs milliseconds, not seconds of
+    Python), then only the brackets left are walked.
+
+    >>> _depth(b'{"a": [1, {"b": "]]]"}]}'), _depth(b'[]'), _depth(b'"x"')
+    (3, 1, 0)
+    """
     depth = deepest = 0
-    in_string = escaped = False
-    for byte in data:
-        if in_string:
-            escaped, in_string = (False, True) if escaped else (byte == 92, byte != 34)
-        elif byte == 34:
-            in_string = True
-        elif byte in (91, 123):
+    for match in _BRACKET.finditer(_STRING.sub(b"", bytes(data))):
+        if match.group() in (b"[", b"{"):
             depth += 1
             deepest = max(deepest, depth)
-        elif byte in (93, 125):
+        else:
             depth -= 1
     return deepest
 

@@ -108,3 +108,22 @@ def test_deeply_nested_json_is_a_400(server, depth):
     body = head + ', "mmkv": ' + "[" * depth + "]" * depth + "}"
     response = server.post(body.encode())
     assert response.status_code == 400 and "nested" in response.json()["error"]["message"]
+
+
+def _parsed_depth(value) -> int:
+    if isinstance(value, list):
+        return 1 + max(map(_parsed_depth, value), default=0)
+    if isinstance(value, dict):
+        return 1 + max(map(_parsed_depth, value.values()), default=0)
+    return 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, st.sampled_from([None, 0, 2]), st.booleans())
+def test_the_depth_check_counts_what_the_parser_nests(value, indent, ascii_only):
+    """The body's nesting is counted without parsing (brackets inside strings, escaped quotes and backslashes
+    skipped), and equals the depth the JSON parser builds, for any JSON value and any spacing or escaping."""
+    from mmkv.serve.app import _depth
+
+    text = json.dumps(value, indent=indent, ensure_ascii=ascii_only)
+    assert _depth(text.encode("utf-8", "surrogatepass")) == _parsed_depth(json.loads(text))
