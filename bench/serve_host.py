@@ -5,10 +5,14 @@ earlier answers as text). Each request goes through the real server app in proce
 parsing, validation, the conversation, the layout, the pool, the turn, decoding, the response), and the model's
 forward calls (the language model and the vision tower) are timed by a wrapper around them; host time is the
 request's wall time minus that. Reported per turn (median over ``--agents`` conversations, each new to the
-server): host ms, forward ms, and the host ms at turns 2, 10 and 40 the hot-path issue names.
+server): host ms, forward ms, and the host ms at turns 2, 10 and 40 the hot-path issue names. ``--parts`` also
+times the server's own steps (their host ms per request, forward calls inside them excluded): reading the new
+images, the rest of the intake, the layout, the pool's checkout and check-in, the turn, decoding; what is left is
+HTTP, JSON, validation and the hand-offs between threads.
 
     python bench/serve_host.py --turns 40 --agents 3 --json runs/serve_host.json
     python bench/ab.py --trees /tmp/before . --rounds 3 --keys host_ms -- bench/serve_host.py --json {json}
+    python bench/serve_host.py --turns 30 --agents 2 --parts      # where a request's host time goes
 
 Works against any tree that has ``mmkv.serve.Engine`` and ``mmkv.serve.app.create_app`` (so ``bench/ab.py``
 can run it before and after a change).
@@ -60,11 +64,67 @@ class ForwardClock:
         return timed
 
 
-def run(model: str, turns: int, agents: int, window: int, max_tokens: int) -> dict:
-    """Per turn: medians over the agents of host and forward ms."""
+class StepClock:
+    """Host ms spent in named functions (``obj.attr`` replaced by a timed wrapper), the forward calls inside them
+    (``clock``) subtracted. Only for trees that have these steps (``--parts``)."""
+
+    def __init__(self, clock: ForwardClock) -> None:
+        self.clock, self.ms = clock, {}
+
+    def wrap(self, name: str, owner, attr: str) -> None:
+        function = getattr(owner, attr)
+
+        @functools.wraps(function)
+        def timed(*args, **kwargs):
+            forward, started = self.clock.seconds, time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - started - (self.clock.seconds - forward)
+                self.ms[name] = self.ms.get(name, 0.0) + 1e3 * spent
+
+        setattr(owner, attr, timed)
+
+    def wrap_generator(self, name: str, owner, attr: str) -> None:
+        function = getattr(owner, attr)
+
+        @functools.wraps(function)
+        def timed(*args, **kwargs):
+            forward, started = self.clock.seconds, time.perf_counter()
+            try:
+                yield from function(*args, **kwargs)
+            finally:
+                spent = time.perf_counter() - started - (self.clock.seconds - forward)
+                self.ms[name] = self.ms.get(name, 0.0) + 1e3 * spent
+
+        setattr(owner, attr, timed)
+
+
+def _time_steps(engine, clock: ForwardClock) -> StepClock:
+    from mmkv.prompt.blocks import LayoutBuilder
+    from mmkv.runtime.decode import Decoder
+    from mmkv.serve import worker
+    from mmkv.serve.pool import LivePool
+
+    steps = StepClock(clock)
+    steps.wrap("new images (decode, digest, preprocess)", type(engine), "_image")
+    steps.wrap("intake (request -> conversation)", type(engine), "intake")
+    steps.wrap("layout", LayoutBuilder, "build")
+    steps.wrap("pool checkout", LivePool, "checkout")
+    steps.wrap("pool check-in", LivePool, "checkin")
+    steps.wrap("turn (plan, splice, mask, store writes)", worker, "run_turn")
+    steps.wrap_generator("decode loop", Decoder, "__iter__")
+    return steps
+
+
+def run(model: str, turns: int, agents: int, window: int, max_tokens: int, parts: bool = False) -> dict:
+    """Per turn: medians over the agents of host and forward ms (and with ``parts``, each step's mean host ms
+    per request, over the turns after the first ten)."""
     engine = Engine(ServerConfig(model=model, device="cpu"))
     inner = engine.handle.model
     clock = ForwardClock(inner, inner.model.visual)
+    steps = _time_steps(engine, clock) if parts else None
+    counted, host_after, totals = 0, 0.0, {}
     host: dict[int, list[float]] = {t: [] for t in range(1, turns + 1)}
     forward: dict[int, list[float]] = {t: [] for t in range(1, turns + 1)}
     with TestClient(create_app(engine)) as client:
@@ -74,19 +134,38 @@ def run(model: str, turns: int, agents: int, window: int, max_tokens: int) -> di
             for turn, messages in enumerate(screenshot_requests(agent, turns, window, 77), start=1):
                 body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
                 clock.seconds = 0.0
+                before = dict(steps.ms) if steps is not None else {}
                 started = time.perf_counter()
                 reply = client.post("/v1/chat/completions", json=body)
                 wall = time.perf_counter() - started
                 assert reply.status_code == 200, reply.text
                 host[turn].append(1e3 * (wall - clock.seconds))
+                if turn > 10:
+                    counted, host_after = counted + 1, host_after + 1e3 * (wall - clock.seconds)
+                    for name, ms in (steps.ms if steps is not None else {}).items():
+                        totals[name] = totals.get(name, 0.0) + ms - before.get(name, 0.0)
                 forward[turn].append(1e3 * clock.seconds)
     engine.close()
     med = {t: statistics.median(v) for t, v in host.items()}
-    return {
+    result = {
         "host_ms": {str(t): round(med[t], 3) for t in REPORTED if t in med},
         "host_ms_by_turn": [round(med[t], 3) for t in sorted(med)],
         "forward_ms_by_turn": [round(statistics.median(forward[t]), 3) for t in sorted(forward)],
     }
+    if steps is not None and counted:
+        # the intake includes the new images; report it without them, and what no step accounts for
+        part_ms = {name: ms / counted for name, ms in totals.items()}
+        images = part_ms.get("new images (decode, digest, preprocess)", 0.0)
+        intake = part_ms.pop("intake (request -> conversation)", 0.0)
+        part_ms = {"new images (decode, digest, preprocess)": images,
+                   "rest of the intake (conversation, tools, options)": intake - images,
+                   **{k: v for k, v in part_ms.items() if k != "new images (decode, digest, preprocess)"}}  # fmt: skip
+        part_ms["HTTP, JSON, validation, thread hand-offs (the rest)"] = host_after / counted - sum(
+            part_ms.values()
+        )
+        result["parts_ms"] = {name: round(ms, 3) for name, ms in part_ms.items()}
+        result["parts_host_ms"] = round(host_after / counted, 3)
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,12 +177,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--agents", type=int, default=3, help="conversations, one after another")
     parser.add_argument("--window", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=8)
+    parser.add_argument("--parts", action="store_true", help="also time the server's steps (this tree only)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    result = run(args.model, args.turns, args.agents, args.window, args.max_tokens)
+    result = run(args.model, args.turns, args.agents, args.window, args.max_tokens, args.parts)
     for t, (h, f) in enumerate(zip(result["host_ms_by_turn"], result["forward_ms_by_turn"], strict=True), 1):
         if t in REPORTED or t % 5 == 0:
             print(f"turn {t:3d}: host {h:7.2f} ms   forward {f:7.2f} ms", flush=True)
+    if "parts_ms" in result:
+        print(f"host ms per request after turn 10, by step (mean; {result['parts_host_ms']:.2f} in all):")
+        for name, ms in result["parts_ms"].items():
+            print(f"  {name:52s} {ms:6.2f}")
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))
