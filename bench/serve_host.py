@@ -8,7 +8,8 @@ request's wall time minus that. Reported per turn (median over ``--agents`` conv
 server): host ms, forward ms, and the host ms at turns 2, 10 and 40 the hot-path issue names. ``--parts`` also
 times the server's own steps (their host ms per request, forward calls inside them excluded): reading the new
 images, the rest of the intake, the layout, the pool's checkout and check-in, the turn, decoding; what is left is
-HTTP, JSON, validation and the hand-offs between threads.
+the in-process client and transport (timed apart: the same body posted to a route that answers 404), JSON,
+validation, the reply and the hand-offs between threads.
 
     python bench/serve_host.py --turns 40 --agents 3 --json runs/serve_host.json
     python bench/ab.py --trees /tmp/before . --rounds 3 --keys host_ms -- bench/serve_host.py --json {json}
@@ -145,6 +146,11 @@ def run(model: str, turns: int, agents: int, window: int, max_tokens: int, parts
                     for name, ms in (steps.ms if steps is not None else {}).items():
                         totals[name] = totals.get(name, 0.0) + ms - before.get(name, 0.0)
                 forward[turn].append(1e3 * clock.seconds)
+        floor = []  # the in-process client and transport alone: the last body posted to a route that 404s
+        for _ in range(20 if steps is not None else 0):
+            started = time.perf_counter()
+            client.post("/v1/no-such-route", json=body)
+            floor.append(1e3 * (time.perf_counter() - started))
     engine.close()
     med = {t: statistics.median(v) for t, v in host.items()}
     result = {
@@ -160,9 +166,9 @@ def run(model: str, turns: int, agents: int, window: int, max_tokens: int, parts
         part_ms = {"new images (decode, digest, preprocess)": images,
                    "rest of the intake (conversation, tools, options)": intake - images,
                    **{k: v for k, v in part_ms.items() if k != "new images (decode, digest, preprocess)"}}  # fmt: skip
-        part_ms["HTTP, JSON, validation, thread hand-offs (the rest)"] = host_after / counted - sum(
-            part_ms.values()
-        )
+        rest, transport = host_after / counted - sum(part_ms.values()), statistics.median(floor)
+        part_ms["client and transport (a 404 of the same body)"] = transport
+        part_ms["JSON, validation, replies, thread hand-offs (the rest)"] = rest - transport
         result["parts_ms"] = {name: round(ms, 3) for name, ms in part_ms.items()}
         result["parts_host_ms"] = round(host_after / counted, 3)
     return result
