@@ -30,9 +30,10 @@ import httpx
 from bench.serve import screenshot_requests
 from mmkv.serve.process import ServerProcess
 
-BOUNDS = {  # small bounds, so they fill within the run
-    "--pool-bytes": str(128 << 20), "--kv-memory-bytes": str(128 << 20), "--encoder-memory-bytes": str(32 << 20),
-    "--image-cache-bytes": str(32 << 20), "--decode-budget-bytes": str(256 << 20),
+BOUNDS = {  # small bounds, so they fill within the first minutes of the run
+    "--pool-bytes": str(64 << 20), "--kv-memory-bytes": str(32 << 20), "--encoder-memory-bytes": str(16 << 20),
+    "--image-cache-bytes": str(16 << 20), "--decode-budget-bytes": str(256 << 20),
+    "--layout-cache-bytes": str(8 << 20),
 }  # fmt: skip
 
 

@@ -173,6 +173,8 @@ def _serve_parser(sub) -> None:
                         help="decoded images and preprocessed pixels kept (each)")  # fmt: skip
     memory.add_argument("--decode-budget-bytes", type=int, default=1 << 30,
                         help="memory images may take while they decode, all requests together")  # fmt: skip
+    memory.add_argument("--layout-cache-bytes", type=int, default=64 << 20,
+                        help="rendered messages and earlier requests' layouts kept")  # fmt: skip
     limits = p.add_argument_group("time, connections and sizes")
     limits.add_argument("--request-timeout", type=float, default=300.0,
                         help="seconds from a request's arrival to its answer, then 504")  # fmt: skip
@@ -213,6 +215,7 @@ def _serve(args) -> None:
             encoder_memory_bytes=args.encoder_memory_bytes,
             image_cache_bytes=args.image_cache_bytes,
             decode_budget_bytes=args.decode_budget_bytes,
+            layout_cache_bytes=args.layout_cache_bytes,
             request_timeout_s=args.request_timeout,
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout,

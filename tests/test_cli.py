@@ -178,11 +178,32 @@ def test_an_unwritable_store_is_found_before_the_model_loads(no_model_load, caps
 
 @pytest.mark.parametrize("flag, value, name", [("--max-queue", "-1", "max_queue"), ("--pool-bytes", "-5", "pool_bytes"),
                                                ("--max-tokens", "0", "max_tokens"), ("--request-timeout", "0", "request_timeout_s"),
-                                               ("--header-timeout", "-1", "header_timeout_s"), ("--max-connections", "0", "max_connections")])  # fmt: skip
+                                               ("--header-timeout", "-1", "header_timeout_s"), ("--max-connections", "0", "max_connections"),
+                                               ("--layout-cache-bytes", "0", "layout_cache_bytes")])  # fmt: skip
 def test_a_bound_out_of_range_is_one_line(no_model_load, capsys, flag, value, name):
     """A negative queue or pool, zero max tokens, a zero timeout: one line naming the setting."""
     line = _serve_fails(capsys, flag, value)
     assert line.startswith("mmkv: serve: ") and name in line
+
+
+def test_every_memory_bound_of_the_server_has_a_flag(monkeypatch):
+    """Each ``*_bytes`` field of ServerConfig (the memory the server holds, and body and image sizes) is set by
+    its ``--*-bytes`` flag: the config the command builds carries the value given."""
+    import dataclasses
+
+    import mmkv.serve
+    from mmkv.cli import main
+    from mmkv.serve import ServerConfig
+
+    fields = [f.name for f in dataclasses.fields(ServerConfig) if f.name.endswith("_bytes")]
+    assert {"pool_bytes", "kv_memory_bytes", "encoder_memory_bytes", "image_cache_bytes", "decode_budget_bytes",
+            "layout_cache_bytes"} <= set(fields)  # fmt: skip
+    built = []
+    monkeypatch.setattr(mmkv.serve, "serve", built.append)
+    monkeypatch.setattr("mmkv.cli._preflight", lambda args: None)
+    flags = [x for k, name in enumerate(fields) for x in ("--" + name.replace("_", "-"), str(1000 + k))]
+    main(["serve", "--model", "tiny-qwen3-vl", *flags])
+    assert [getattr(built[0], name) for name in fields] == [1000 + k for k in range(len(fields))]
 
 
 def test_the_command_line_itself_exits_2_with_one_line():

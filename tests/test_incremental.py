@@ -158,7 +158,7 @@ def test_templates_that_rewrite_text_or_count_across_messages_still_lay_out_exac
                 session.prompt_layout("q?")
 
 
-def _resent(tiny, turns: int, window: int) -> list[mmkv.conversation.Conversation]:
+def _resent(tiny, turns: int, window: int, agent: int = 0) -> list[mmkv.conversation.Conversation]:
     """What a server builds from an agent's requests: a new ``Conversation`` per request holding the whole
     history again (new message objects, the same content), the last ``window`` screenshots kept."""
     from mmkv.cache import image_digest
@@ -166,7 +166,7 @@ def _resent(tiny, turns: int, window: int) -> list[mmkv.conversation.Conversatio
 
     shots = []
     for t in range(turns):
-        image = random_image(40 + t, GRIDS[t % len(GRIDS)], tiny.processor.patch_size)
+        image = random_image(40 + t + 100 * agent, GRIDS[t % len(GRIDS)], tiny.processor.patch_size)
         shots.append(ConversationImage(image, image_digest(image, tiny.processor, tiny.fingerprint),
                                        tiny.processor.image_grid(image)))  # fmt: skip
     requests = []
@@ -174,7 +174,9 @@ def _resent(tiny, turns: int, window: int) -> list[mmkv.conversation.Conversatio
         conversation = Conversation()
         conversation.add_text("You operate a desktop app.", "system")
         for t in range(turn + 1):
-            conversation.add_text(f"Step {t}: here is the screen.", "user", new_message=True)
+            conversation.add_text(
+                f"Step {t}: here is the screen{'.' * (agent + 1)}", "user", new_message=True
+            )
             if t >= turn + 1 - window:
                 conversation.add_image(shots[t], "user")
             if t < turn:
@@ -202,3 +204,37 @@ def test_a_resent_history_renders_only_what_is_new(tiny):
         _same_layout(builder.build(conversation, add_generation_prompt=True),
                      full_layout(tiny, conversation, add_generation_prompt=True))  # fmt: skip
     assert builder.blocks_rendered == again
+
+
+@pytest.mark.parametrize("max_bytes", [0, 3000, 20_000, 1 << 26])
+def test_the_layout_caches_hold_their_byte_bound_and_stay_exact(tiny, max_bytes):
+    """Three agents' resent histories interleaved through one builder with a byte bound (0: nothing kept,
+    a few blocks, some assemblies, the default): after every request the charged bytes are within the bound
+    and equal the sum of what is held, and every layout equals a full re-render. With no room, every message
+    is rendered again each time; with the default, only what is new."""
+    from mmkv.prompt.blocks import _charge
+
+    builder = mmkv.prompt.LayoutBuilder(tiny, max_bytes)
+    agents = [_resent(tiny, 8, 2, agent) for agent in range(3)]
+    rendered = 0
+    for turn in range(8):
+        for requests in agents:
+            conversation = requests[turn]
+            before = builder.blocks_rendered
+            layout = builder.build(conversation, add_generation_prompt=True)
+            rendered += builder.blocks_rendered - before
+            _same_layout(layout, full_layout(tiny, conversation, add_generation_prompt=True))
+            held = sum(_charge(b.token_ids) for b in builder._blocks.values()) + sum(
+                _charge(a.token_ids) for a in builder._assemblies.values()
+            )
+            assert builder.num_bytes == held <= max_bytes
+    messages = sum(len(requests[t].prompt_messages(0)) for requests in agents for t in range(8))
+    if max_bytes == 0:
+        assert rendered == messages and not builder._prefixes
+    if max_bytes == 1 << 26:
+        assert rendered < messages / 2
+
+
+def test_a_negative_layout_cache_bound_is_refused(tiny):
+    with pytest.raises(ValueError, match="max_bytes must be >= 0"):
+        mmkv.prompt.LayoutBuilder(tiny, -1)

@@ -49,6 +49,8 @@ __all__ = ["Block", "LayoutBuilder", "lay_out"]
 
 MAX_BLOCKS = 8192  # message blocks kept (LRU)
 MAX_ASSEMBLIES = 64  # turns' assemblies kept (LRU): a server's recent conversations
+DEFAULT_CACHE_BYTES = 64 << 20  # bound on the bytes of the blocks and assemblies kept, together
+_OVERHEAD = 1024  # bytes charged per cached block or assembly beyond its tensors (records, spans, keys)
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,14 @@ class LayoutBuilder:
     docstring). Holds no conversation state; thread-safe (one lock around its caches); one may serve many
     conversations (the server keeps one)."""
 
-    def __init__(self, handle: ModelHandle) -> None:
+    def __init__(self, handle: ModelHandle, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        """``max_bytes``: bound on what the caches hold (blocks and assemblies, their ids and positions at
+        32 bytes a token, and a fixed charge each), least recently used dropped first; 0 keeps nothing."""
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.handle = handle
+        self.max_bytes = max_bytes
+        self.num_bytes = 0  # what the blocks and assemblies kept hold now (as charged)
         self.incremental = is_separable(handle.processor)  # False: every turn is rendered whole
         self._templates = templates_of(handle.processor) if self.incremental else None
         self._verbatim = self.incremental and is_verbatim(handle.processor)  # chunks by structure, unchecked
@@ -246,8 +254,8 @@ class LayoutBuilder:
         block = message_block(self.handle, self._templates, self._verbatim, visible, first, grids, tools)
         self.blocks_rendered += 1
         self._blocks[key] = block
-        if len(self._blocks) > MAX_BLOCKS:
-            self._blocks.popitem(last=False)
+        self.num_bytes += _charge(block.token_ids)
+        self._shrink()
         return block
 
     def _remember(self, assembly: _Assembly) -> None:
@@ -255,18 +263,42 @@ class LayoutBuilder:
         ``MAX_ASSEMBLIES``."""
         number = id(assembly)
         self._assemblies[number] = assembly
+        self.num_bytes += _charge(assembly.token_ids)
         for count, link in enumerate(assembly.chain, start=1):
             self._prefixes[link] = (number, count)
-        while len(self._assemblies) > MAX_ASSEMBLIES:
-            old_number, old = self._assemblies.popitem(last=False)
-            for link in old.chain:
-                if self._prefixes.get(link, (None,))[0] == old_number:
-                    del self._prefixes[link]
+        self._shrink()
+
+    def _shrink(self) -> None:
+        """Drop what is over the bounds, least recently used first: assemblies over ``MAX_ASSEMBLIES``; while
+        over ``max_bytes``, the older assemblies (all but the newest), then blocks, then the newest assembly.
+        Caller holds the lock."""
+        while len(self._assemblies) > MAX_ASSEMBLIES or (
+            self.num_bytes > self.max_bytes and len(self._assemblies) > 1
+        ):
+            self._drop_assembly()
+        while self._blocks and (len(self._blocks) > MAX_BLOCKS or self.num_bytes > self.max_bytes):
+            _, block = self._blocks.popitem(last=False)
+            self.num_bytes -= _charge(block.token_ids)
+        if self._assemblies and self.num_bytes > self.max_bytes:
+            self._drop_assembly()
+
+    def _drop_assembly(self) -> None:
+        number, old = self._assemblies.popitem(last=False)
+        self.num_bytes -= _charge(old.token_ids)
+        for link in old.chain:
+            if self._prefixes.get(link, (None,))[0] == number:
+                del self._prefixes[link]
 
     def _generation_block(self) -> Block:
         if self._generation is None:
             self._generation = generation_block(self.handle, self._templates.generation_suffix)
         return self._generation
+
+
+def _charge(token_ids: torch.Tensor) -> int:
+    """Bytes charged for a cached block or assembly of these ids: ids and (3, n) positions, 8 bytes each, and
+    ``_OVERHEAD``."""
+    return 32 * int(token_ids.shape[0]) + _OVERHEAD
 
 
 def _message_key(message: Message, first: bool, shown: tuple[int, ...], conversation: Conversation) -> bytes:

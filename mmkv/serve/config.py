@@ -37,6 +37,7 @@ class ServerConfig:
     encoder_memory_bytes: int = 512 << 20  # the encoder store's memory tier (vision-tower outputs)
     image_cache_bytes: int = 256 << 20  # decoded image records by bytes, and preprocessed pixels: each
     decode_budget_bytes: int = 1 << 30  # pixels being decoded at once, all requests together (more wait)
+    layout_cache_bytes: int = 64 << 20  # rendered message blocks and earlier requests' layouts (LRU)
     # time and connections
     request_timeout_s: float = 300.0  # one deadline from a request's arrival: body, fetches, images, queue,
     # prefill, decode; past it: 504 (or a stream's error event)
@@ -61,7 +62,7 @@ class ServerConfig:
         check_int(self.port, "port", 0)
         for name in ("max_queue", "pool_bytes", "max_body_bytes", "max_image_bytes", "max_image_pixels",
                      "max_images", "max_tokens", "kv_memory_bytes", "encoder_memory_bytes", "image_cache_bytes",
-                     "decode_budget_bytes", "max_connections", "max_fetches"):  # fmt: skip
+                     "decode_budget_bytes", "layout_cache_bytes", "max_connections", "max_fetches"):  # fmt: skip
             check_int(getattr(self, name), name, 0 if name in ("max_queue", "pool_bytes") else 1)
         for name in (
             "request_timeout_s",

@@ -58,7 +58,7 @@ class Engine:
             config.fetch_timeout_s, max_fetches=config.max_fetches,
         )  # fmt: skip
         self.worker = Worker(self.handle, self.kv_store, self.encoder_store, self.pixels, self.pool,
-                             self.metrics, config.max_queue)  # fmt: skip
+                             self.metrics, config.max_queue, config.layout_cache_bytes)  # fmt: skip
         self.end_of_turn = end_of_turn_id(self.handle)
         vocabulary_of(self.handle)  # the grammar engine's view of the tokenizer, built now, not by a request
         self.started = time.time()

@@ -165,10 +165,11 @@ class Worker:
         pool: LivePool,
         metrics: Metrics,
         max_queue: int,
+        layout_cache_bytes: int = 64 << 20,
     ) -> None:
         self.handle, self.kv_store, self.encoder_store, self.pixels = handle, kv_store, encoder_store, pixels
         self.pool, self.metrics = pool, metrics
-        self.layouts = LayoutBuilder(handle)  # one for every request: blocks and assemblies kept by content
+        self.layouts = LayoutBuilder(handle, layout_cache_bytes)  # one for all requests: kept by content
         self.queue = _JobQueue(max_queue)
         self._thread = threading.Thread(target=self._loop, name="mmkv-model-worker", daemon=True)
         self._thread.start()
