@@ -31,3 +31,37 @@ def test_the_best_checkpoint_and_the_reports_are_copied(tmp_path, monkeypatch):
     report = json.loads((shipped / "training_report.json").read_text())
     assert report["shipped_step"] == 200 and report["steps_done"] == 300
     assert (shipped / "progress.jsonl").read_text() == (run / "progress.jsonl").read_text()
+
+
+def test_a_continued_run_ships_one_learning_curve(tmp_path, monkeypatch):
+    """A run continued from step 200 of an earlier one: the shipped curve is the earlier run's lines up to
+    step 200, then the continuation's (its step-0 line, a repeat, dropped) with steps and seconds counted on;
+    the best checkpoint comes from the continuation; the report lists the earlier run's settings and the total
+    time."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    for directory in (first / "step-000200", second / "step-000050", second):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "model.safetensors").write_text(directory.name)
+    (first / "settings.json").write_text(json.dumps({"lr": 1e-3}))
+    (second / "settings.json").write_text(json.dumps({"lr": 5e-4, "init": str(first / "step-000200")}))
+    earlier = [_line(0, 0.1, 0.0) | {"seconds": 0}, _line(200, 0.5, 0.5) | {"seconds": 100},
+               _line(300, 0.6, 0.6) | {"seconds": 150}]  # fmt: skip
+    later = [_line(0, 0.5, 0.5) | {"seconds": 0}, _line(50, 0.7, 0.8) | {"seconds": 40},
+             _line(80, 0.6, 0.7, final=True) | {"seconds": 70}]  # fmt: skip
+    for run, lines in ((first, earlier), (second, later)):
+        (run / "progress.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    (second / "training_report.json").write_text(json.dumps({"steps_done": 80}))
+    monkeypatch.setattr(finalise, "ROOT", tmp_path)
+    finalise.finalise(second, "small-qwen2.5-vl", earlier=[first])
+    shipped = tmp_path / "checkpoints" / "small-qwen2.5-vl"
+    assert (shipped / "model.safetensors").read_text() == "step-000050"
+    curve = [json.loads(t) for t in (shipped / "progress.jsonl").read_text().splitlines()]
+    assert [(x["run"], x["step"], x["seconds"]) for x in curve] == [
+        ("first", 0, 0),
+        ("first", 200, 100),
+        ("second", 250, 140),
+        ("second", 280, 170),
+    ]
+    report = json.loads((shipped / "training_report.json").read_text())
+    assert report["shipped_step"] == 50 and report["total_seconds"] == 170
+    assert report["earlier_runs"] == [{"run": str(first), "lr": 1e-3}]
