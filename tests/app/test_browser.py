@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -104,50 +105,60 @@ def server(tmp_path, request):
         log.close()
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian's chromium is not installed at {CHROMIUM}")
-def test_trajectory_in_the_browser(server, tmp_path):
-    """Upload a screenshot and ask, ask again, re-upload the same screenshot and ask: every turn shows an
-    answer, only the re-upload is a cache hit, and an empty message shows mmkv's error without a turn."""
-    from playwright.sync_api import expect, sync_playwright
+@contextmanager
+def _page(url: str, height: int):
+    """A headless chromium page at ``url`` (1400 x ``height``), each wait bounded by TURN_TIMEOUT_MS; closed
+    after."""
+    from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page = browser.new_page(viewport={"width": 1400, "height": height})
             page.set_default_timeout(TURN_TIMEOUT_MS)
-            page.goto(server, wait_until="domcontentloaded")
-            _open_chat(page)
-
-            def send(text: str, image: Path | None, turn: int) -> str:
-                """Attach ``image`` (if any), type ``text``, submit; returns the turn log once answered."""
-                if image is not None:
-                    page.set_input_files(MESSAGE_FILE_INPUT, str(image))
-                    page.wait_for_selector(UPLOADED_THUMBNAIL)
-                page.fill(MESSAGE_TEXT, text)
-                page.click(MESSAGE_SUBMIT)
-                expect(page.locator(BOT_MESSAGE)).to_have_count(turn)
-                expect(page.locator(TURN_LOG)).to_contain_text(f"turn {turn} [kv]")
-                assert page.locator(BOT_MESSAGE).nth(turn - 1).inner_text().strip()
-                expect(page.locator(MESSAGE_TEXT)).to_have_value("")  # the box is cleared
-                return page.locator(TURN_LOG).inner_text()
-
-            latest = send("What is on the screen?", SCREEN_1, 1).splitlines()[0]
-            assert "1 image: 1 computed" in latest and "cache hit" not in latest
-            latest = send("What should I click?", None, 2).splitlines()[0]
-            assert "1 image: 1 kept (live prefix)" in latest and "cache hit" not in latest
-            latest = send("I am back on the first screen. Now?", SCREEN_1, 3).splitlines()[0]
-            assert "1 cache hit (memory)" in latest
-            assert "(none, cold)" in latest  # the compare checkbox is on by default
-            expect(page.locator(USER_MESSAGE).locator("img")).to_have_count(2)
-            shot = tmp_path / "demo.png"
-            page.screenshot(path=str(shot), full_page=True)
-
-            page.click(MESSAGE_SUBMIT)  # an empty message: an error toast, no new turn
-            expect(page.locator(ERROR_TOAST)).to_contain_text("the message is empty")
-            expect(page.locator(BOT_MESSAGE)).to_have_count(3)
-            expect(page.locator("#store-stats")).to_contain_text("hits")
+            page.goto(url, wait_until="domcontentloaded")
+            yield page
         finally:
             browser.close()
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian's chromium is not installed at {CHROMIUM}")
+def test_trajectory_in_the_browser(server, tmp_path):
+    """Upload a screenshot and ask, ask again, re-upload the same screenshot and ask: every turn shows an
+    answer, only the re-upload is a cache hit, and an empty message shows mmkv's error without a turn."""
+    from playwright.sync_api import expect
+
+    with _page(server, height=1000) as page:
+        _open_chat(page)
+
+        def send(text: str, image: Path | None, turn: int) -> str:
+            """Attach ``image`` (if any), type ``text``, submit; returns the turn log once answered."""
+            if image is not None:
+                page.set_input_files(MESSAGE_FILE_INPUT, str(image))
+                page.wait_for_selector(UPLOADED_THUMBNAIL)
+            page.fill(MESSAGE_TEXT, text)
+            page.click(MESSAGE_SUBMIT)
+            expect(page.locator(BOT_MESSAGE)).to_have_count(turn)
+            expect(page.locator(TURN_LOG)).to_contain_text(f"turn {turn} [kv]")
+            assert page.locator(BOT_MESSAGE).nth(turn - 1).inner_text().strip()
+            expect(page.locator(MESSAGE_TEXT)).to_have_value("")  # the box is cleared
+            return page.locator(TURN_LOG).inner_text()
+
+        latest = send("What is on the screen?", SCREEN_1, 1).splitlines()[0]
+        assert "1 image: 1 computed" in latest and "cache hit" not in latest
+        latest = send("What should I click?", None, 2).splitlines()[0]
+        assert "1 image: 1 kept (live prefix)" in latest and "cache hit" not in latest
+        latest = send("I am back on the first screen. Now?", SCREEN_1, 3).splitlines()[0]
+        assert "1 cache hit (memory)" in latest
+        assert "(none, cold)" in latest  # the compare checkbox is on by default
+        expect(page.locator(USER_MESSAGE).locator("img")).to_have_count(2)
+        shot = tmp_path / "demo.png"
+        page.screenshot(path=str(shot), full_page=True)
+
+        page.click(MESSAGE_SUBMIT)  # an empty message: an error toast, no new turn
+        expect(page.locator(ERROR_TOAST)).to_contain_text("the message is empty")
+        expect(page.locator(BOT_MESSAGE)).to_have_count(3)
+        expect(page.locator("#store-stats")).to_contain_text("hits")
     assert shot.stat().st_size > 10_000
     print(f"screenshot: {shot}")
     if os.environ.get("MMKV_ARTIFACTS"):
@@ -163,30 +174,23 @@ def test_the_example_trajectory_answers_as_expected(server, tmp_path):
     """On the shipped model: click each example step of the trajectory and send it; every answer is the
     expected one shown on its button, and the revisit step's screenshot is a cache hit. The page's screenshot
     goes to $MMKV_ARTIFACTS/demo-trajectory.png."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1400})
-            page.set_default_timeout(TURN_TIMEOUT_MS)
-            page.goto(server, wait_until="domcontentloaded")
-            _open_chat(page)
-            expect(page.locator("#model-line")).to_contain_text("cannot chat")
-            for turn, step in enumerate(TRAJECTORY, start=1):
-                page.get_by_text(step.label, exact=True).click()
-                expect(page.locator(MESSAGE_TEXT)).to_have_value(step.text)
-                page.wait_for_selector(UPLOADED_THUMBNAIL)
-                page.click(MESSAGE_SUBMIT)
-                expect(page.locator(BOT_MESSAGE)).to_have_count(turn)
-                expect(page.locator(TURN_LOG)).to_contain_text(f"turn {turn} [kv]")
-                expect(page.locator(BOT_MESSAGE).nth(turn - 1)).to_have_text(step.expected)
-            latest = page.locator(TURN_LOG).inner_text().splitlines()[0]
-            assert "cache hit (memory)" in latest, latest
-            shot = tmp_path / "demo-trajectory.png"
-            page.screenshot(path=str(shot), full_page=True)
-        finally:
-            browser.close()
+    with _page(server, height=1400) as page:
+        _open_chat(page)
+        expect(page.locator("#model-line")).to_contain_text("cannot chat")
+        for turn, step in enumerate(TRAJECTORY, start=1):
+            page.get_by_text(step.label, exact=True).click()
+            expect(page.locator(MESSAGE_TEXT)).to_have_value(step.text)
+            page.wait_for_selector(UPLOADED_THUMBNAIL)
+            page.click(MESSAGE_SUBMIT)
+            expect(page.locator(BOT_MESSAGE)).to_have_count(turn)
+            expect(page.locator(TURN_LOG)).to_contain_text(f"turn {turn} [kv]")
+            expect(page.locator(BOT_MESSAGE).nth(turn - 1)).to_have_text(step.expected)
+        latest = page.locator(TURN_LOG).inner_text().splitlines()[0]
+        assert "cache hit (memory)" in latest, latest
+        shot = tmp_path / "demo-trajectory.png"
+        page.screenshot(path=str(shot), full_page=True)
     if os.environ.get("MMKV_ARTIFACTS"):
         target = Path(os.environ["MMKV_ARTIFACTS"])
         target.mkdir(parents=True, exist_ok=True)
@@ -196,26 +200,19 @@ def test_the_example_trajectory_answers_as_expected(server, tmp_path):
 def _episode_in_the_browser(url: str, artifact: Path, name: str) -> list[list[str]]:
     """Open the page, press Run episode, wait until the episode is over; returns the step table's cells per row
     (the page's screenshot saved to ``artifact`` and, with $MMKV_ARTIFACTS, copied there as ``name``)."""
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1400})
-            page.set_default_timeout(TURN_TIMEOUT_MS)
-            page.goto(url, wait_until="domcontentloaded")
-            page.wait_for_selector("#episode-run")
-            expect(page.locator("#episode-seed input")).to_have_value(str(DEMO_EPISODE_SEED))
-            page.click("#episode-run")
-            expect(page.locator(EPISODE_STATUS)).to_contain_text("done", timeout=TURN_TIMEOUT_MS * 3)
-            expect(page.locator("#screen img")).to_have_count(1)
-            rows = page.locator(EPISODE_ROWS)
-            cells = [
-                [c.strip() for c in rows.nth(i).locator("td").all_inner_texts()] for i in range(rows.count())
-            ]
-            page.screenshot(path=str(artifact), full_page=True)
-        finally:
-            browser.close()
+    with _page(url, height=1400) as page:
+        page.wait_for_selector("#episode-run")
+        expect(page.locator("#episode-seed input")).to_have_value(str(DEMO_EPISODE_SEED))
+        page.click("#episode-run")
+        expect(page.locator(EPISODE_STATUS)).to_contain_text("done", timeout=TURN_TIMEOUT_MS * 3)
+        expect(page.locator("#screen img")).to_have_count(1)
+        rows = page.locator(EPISODE_ROWS)
+        cells = [
+            [c.strip() for c in rows.nth(i).locator("td").all_inner_texts()] for i in range(rows.count())
+        ]
+        page.screenshot(path=str(artifact), full_page=True)
     if os.environ.get("MMKV_ARTIFACTS"):
         target = Path(os.environ["MMKV_ARTIFACTS"])
         target.mkdir(parents=True, exist_ok=True)
