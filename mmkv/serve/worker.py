@@ -45,6 +45,7 @@ from ..runtime import (
     run_turn,
 )
 from ..runtime.report import PrefillStats
+from .heap import HeapTrim
 from .metrics import Metrics
 from .pool import LivePool
 
@@ -171,6 +172,7 @@ class Worker:
         self.pool, self.metrics = pool, metrics
         self.layouts = LayoutBuilder(handle, layout_cache_bytes)  # one for all requests: kept by content
         self.queue = _JobQueue(max_queue)
+        self.heap = HeapTrim()
         self._thread = threading.Thread(target=self._loop, name="mmkv-model-worker", daemon=True)
         self._thread.start()
 
@@ -197,6 +199,7 @@ class Worker:
                 self._run(job)
             except Exception as exc:  # the HTTP layer turns it into an error object by its type
                 job.emit(Failed(exc))
+            self.heap.tick()  # every 64th request: freed memory back to the system (see heap.py)
 
     def _run(self, job: Job) -> None:
         queue_s = time.monotonic() - job.submitted

@@ -1,0 +1,50 @@
+"""mmkv.serve.heap: the worker gives freed heap memory back every 64 requests, whatever the requests did."""
+
+from __future__ import annotations
+
+import pytest
+
+from mmkv.serve.heap import HeapTrim, malloc_trim
+
+
+@pytest.mark.parametrize("every, ticks, trims", [(1, 5, 5), (3, 10, 3), (64, 63, 0), (64, 128, 2)])
+def test_the_heap_is_trimmed_every_nth_request(every, ticks, trims):
+    calls = []
+    heap = HeapTrim(every, trim=lambda: calls.append(1) or True)
+    done = [heap.tick() for _ in range(ticks)]
+    assert len(calls) == heap.trims == trims == sum(done)
+    assert [k + 1 for k, d in enumerate(done) if d] == [every * (m + 1) for m in range(trims)]
+
+
+@pytest.mark.parametrize("every", [0, -1])
+def test_a_bound_below_one_is_refused(every):
+    with pytest.raises(ValueError, match="every must be >= 1"):
+        HeapTrim(every)
+
+
+def test_malloc_trim_runs_here():
+    """On this Linux machine glibc is there: the call returns a bool and nothing breaks (on other systems it
+    returns False)."""
+    assert malloc_trim() in (True, False)
+
+
+def test_the_worker_counts_every_request_it_runs_failed_or_not():
+    """Through the app on the tiny model: requests that answer and one that fails in the worker (a prompt past
+    the model's positions: 400) are each counted once."""
+    from starlette.testclient import TestClient
+
+    from mmkv.serve import Engine, ServerConfig
+    from mmkv.serve.app import create_app
+
+    engine = Engine(ServerConfig(model="tiny-qwen3-vl", device="cpu"))
+    statuses = []
+    with TestClient(create_app(engine)) as client:
+        for text in ["hello", "word " * 40_000, "again"]:
+            body = {
+                "model": "tiny-qwen3-vl",
+                "messages": [{"role": "user", "content": text}],
+                "max_tokens": 2,
+            }
+            statuses.append(client.post("/v1/chat/completions", json=body).status_code)
+    engine.close()
+    assert statuses == [200, 400, 200] and engine.worker.heap._count == 3
