@@ -131,7 +131,8 @@ def build_model(family: str, seed: int = 0) -> ModelHandle:
 
 def add_tool_tokens(tokenizer, model) -> int:
     """Add the missing ``TOOL_TOKENS`` to ``tokenizer`` (ordinary added tokens: existing ids unchanged) and grow
-    ``model``'s tied embeddings to match, each new row the mean of the rows of the pieces the token replaces.
+    ``model``'s embeddings (and its head, when not tied) to match, each new row the mean of the rows of the
+    pieces the token replaces.
     Changes both in place; returns how many tokens were added."""
     from tokenizers import AddedToken
 
@@ -142,13 +143,14 @@ def add_tool_tokens(tokenizer, model) -> int:
     pieces = {t: tokenizer(t, add_special_tokens=False)["input_ids"] for t in missing}  # before adding
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in missing])
     model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
-    embeddings = model.get_input_embeddings().weight  # (vocab, hidden)
+    tables = [model.get_input_embeddings().weight]  # (vocab, hidden); the head too when it is not tied
+    head = model.get_output_embeddings().weight
+    if head.data_ptr() != tables[0].data_ptr():
+        tables.append(head)
     with torch.no_grad():
         for token, ids in pieces.items():
-            embeddings[tokenizer.convert_tokens_to_ids(token)] = embeddings[ids].mean(0)
-    assert model.get_output_embeddings().weight.data_ptr() == embeddings.data_ptr(), (
-        "embeddings must stay tied"
-    )
+            for table in tables:
+                table[tokenizer.convert_tokens_to_ids(token)] = table[ids].mean(0)
     return len(missing)
 
 

@@ -104,17 +104,27 @@ def test_a_bounded_run_writes_snapshots_progress_and_report(tmp_path):
     assert lines[-1]["eval_n"] == 2 and lines[-1]["tools_quick"]["steps"] >= 4  # eval_n // 4 -> one episode
 
 
-def test_tool_tokens_leave_the_suite_and_the_old_logits_unchanged(handle):
-    """The added tool tokens are single tokens (the hermes tags as in the released tokenizers); every suite text
-    tokenises as before, and the continued model's logits over the old vocabulary are the shipped model's."""
-    from evals.tasks import TRAINING_CATEGORIES, sample_session
-    from training.model import TOOL_TOKENS
+@pytest.mark.parametrize("name", ["tiny-qwen3-vl", "tiny-qwen2.5-vl"])
+def test_tool_tokens_leave_the_suite_and_the_old_logits_unchanged(name):
+    """Growing a tokenizer without them (the tiny models': as the pre-tool checkpoints were) by the tool tokens:
+    each is one new token after the old ids (the hermes tags as in the released tokenizers); every suite text
+    tokenises as before; the grown model's logits over the old vocabulary are the old model's; growing again
+    adds nothing."""
+    import copy
 
-    shipped = mmkv.load(handle.name)
-    old, new = shipped.tokenizer, handle.tokenizer
-    assert len(new) == len(old) + len(TOOL_TOKENS) and new("<tool_call>", add_special_tokens=False)[
-        "input_ids"
-    ] == [len(old)]
+    from evals.tasks import TRAINING_CATEGORIES, sample_session
+    from training.model import TOOL_TOKENS, add_tool_tokens, with_current_processor
+
+    shipped = mmkv.load(name)
+    grown = mmkv.ModelHandle.from_parts(name, copy.deepcopy(shipped.model),
+                                        copy.deepcopy(shipped.processor), shipped.family)  # fmt: skip
+    grown = with_current_processor(grown)
+    old, new = shipped.tokenizer, grown.tokenizer
+    assert len(new) == len(old) + len(TOOL_TOKENS)
+    assert new("<tool_call>", add_special_tokens=False)["input_ids"] == [
+        new.convert_tokens_to_ids("<tool_call>")
+    ]
+    assert all(new.convert_tokens_to_ids(t) >= len(old) for t in TOOL_TOKENS)
     for category in TRAINING_CATEGORIES:
         for s in make_samples(category, 10, split="train"):
             for text in (s.system, s.question, s.answer, *(t.text for t in s.turns)):
@@ -123,6 +133,16 @@ def test_tool_tokens_leave_the_suite_and_the_old_logits_unchanged(handle):
                     == new(text, add_special_tokens=False)["input_ids"]
                 )
     sample = make_samples("agentic_text", 1)[0]
-    before = sample_session(shipped, sample, reuse="none").next_token_logits(sample.question)  # (700,)
-    after = sample_session(handle, sample, reuse="none").next_token_logits(sample.question)  # (732,)
+    before = sample_session(shipped, sample, reuse="none").next_token_logits(sample.question)  # (V,)
+    after = sample_session(grown, sample, reuse="none").next_token_logits(sample.question)  # (V + tools,)
     assert (before - after[: len(old)]).abs().max() < 1e-4
+    assert add_tool_tokens(new, grown.model) == 0
+
+
+def test_the_shipped_checkpoints_hold_the_tool_tokens(handle):
+    """The retrained checkpoints already hold every tool token as one token: continuing them adds none."""
+    from training.model import TOOL_TOKENS, add_tool_tokens
+
+    tokenizer = handle.tokenizer
+    assert all(len(tokenizer(t, add_special_tokens=False)["input_ids"]) == 1 for t in TOOL_TOKENS)
+    assert add_tool_tokens(tokenizer, handle.model) == 0
