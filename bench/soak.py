@@ -46,7 +46,7 @@ def rss_mb(pid: int) -> float:
 def run(
     model: str, requests: int, minutes: float, concurrency: int, turns: int, window: int, every: int
 ) -> dict:
-    samples, done, errors, lock = [], [0], [0], threading.Lock()
+    samples, done, errors, dead, lock = [], [0], [0], [False], threading.Lock()
     end = time.monotonic() + 60 * minutes
     with tempfile.TemporaryDirectory() as tmp:
         flags = [x for pair in BOUNDS.items() for x in pair]
@@ -67,10 +67,13 @@ def run(
             def agent(number: int, wave: int) -> None:
                 with httpx.Client(timeout=600) as client:
                     for messages in screenshot_requests(number, turns, window, 5000 + wave):
-                        if done[0] >= requests or time.monotonic() > end:
+                        if done[0] >= requests or time.monotonic() > end or dead[0]:
                             return
                         body = {"model": model, "messages": messages, "max_tokens": 4, "temperature": 0}
-                        status = client.post(url, json=body).status_code
+                        try:
+                            status = client.post(url, json=body).status_code
+                        except httpx.HTTPError:  # the server went away: counted, and the run stops
+                            status, dead[0] = 0, True
                         with lock:
                             done[0] += 1
                             errors[0] += status != 200
@@ -79,16 +82,21 @@ def run(
 
             sample()
             wave = 0
-            while done[0] < requests and time.monotonic() < end:
+            while done[0] < requests and time.monotonic() < end and not dead[0]:
                 threads = [threading.Thread(target=agent, args=(k, wave)) for k in range(concurrency)]
                 for thread in threads:
                     thread.start()
                 for thread in threads:
                     thread.join()
                 wave += 1
-            sample()
+            if dead[0]:
+                log = (Path(tmp) / "log").read_text(errors="replace").splitlines()
+                print("the server went away; its log ends:\n" + "\n".join(log[-60:]), flush=True)
+            else:
+                sample()
     half = [s["rss_mb"] for s in samples if s["requests"] >= done[0] / 2]
-    return {"model": model, "requests": done[0], "errors": errors[0], "bounds": BOUNDS, "samples": samples,
+    return {"model": model, "requests": done[0], "errors": errors[0], "server_died": dead[0], "bounds": BOUNDS,
+            "samples": samples,
             "rss_second_half_mb": [min(half), max(half)] if half else None}  # fmt: skip
 
 
@@ -109,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     result = run(
         args.model, args.requests, args.minutes, args.concurrency, args.turns, args.window, args.every
     )
-    print(f"{result['requests']} requests, {result['errors']} not 200; RSS over the second half: "
+    print(f"{result['requests']} requests, {result['errors']} not 200"
+          f"{', THE SERVER DIED' if result['server_died'] else ''}; RSS over the second half: "
           f"{result['rss_second_half_mb']} MB")  # fmt: skip
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -88,7 +89,11 @@ def finalise(run: Path, name: str, dry_run: bool = False, earlier: list[Path] | 
     target.mkdir(parents=True, exist_ok=True)
     for file in CHECKPOINT_FILES:
         if (source / file).is_file():
-            shutil.copy2(source / file, target / file)
+            # a new file renamed over the old one, never the old one rewritten: a server that has the weights
+            # memory-mapped keeps reading the file it opened (truncating it in place killed one with SIGBUS)
+            partial = target / f".{file}.partial"
+            shutil.copy2(source / file, partial)
+            os.replace(partial, target / file)
     lines, settings = _curve([*(earlier or []), run])
     (target / "progress.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     report = json.loads((run / "training_report.json").read_text())

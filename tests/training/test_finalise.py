@@ -65,3 +65,23 @@ def test_a_continued_run_ships_one_learning_curve(tmp_path, monkeypatch):
     report = json.loads((shipped / "training_report.json").read_text())
     assert report["shipped_step"] == 50 and report["total_seconds"] == 170
     assert report["earlier_runs"] == [{"run": str(first), "lr": 1e-3}]
+
+
+def test_shipping_over_a_checkpoint_never_rewrites_the_files_in_place(tmp_path, monkeypatch):
+    """A server may have the shipped weights memory-mapped: shipping anew puts new files in their place
+    (new inodes) and leaves what a reader opened before intact, with no partial files left behind."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "model.safetensors").write_bytes(b"new weights")
+    (run / "config.json").write_text("{}")
+    (run / "progress.jsonl").write_text(json.dumps(_line(5, 0.5, 0.5, final=True)) + "\n")
+    (run / "training_report.json").write_text("{}")
+    shipped = tmp_path / "checkpoints" / "small-qwen3-vl"
+    shipped.mkdir(parents=True)
+    (shipped / "model.safetensors").write_bytes(b"old weights")
+    monkeypatch.setattr(finalise, "ROOT", tmp_path)
+    with open(shipped / "model.safetensors", "rb") as reader:
+        finalise.finalise(run, "small-qwen3-vl")
+        assert reader.read() == b"old weights"
+    assert (shipped / "model.safetensors").read_bytes() == b"new weights"
+    assert not list(shipped.glob(".*.partial"))
