@@ -319,7 +319,10 @@ def plot(result: dict, path: str) -> None:
     middle.set(title="desktop agents: prompt tokens cached", xlabel="agents / s", ylim=(0, 1))
     right.set(title="field change: p90 TTFT after it", xlabel="agents / s", ylabel="ms")
     for axes in (left, middle, right):
-        axes.legend()
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend()
+        else:  # a part not run (--parts)
+            axes.text(0.5, 0.5, "not run", ha="center", va="center", transform=axes.transAxes)
     figure.savefig(path, dpi=110)
 
 
