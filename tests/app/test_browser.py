@@ -63,46 +63,55 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(params=["tiny-qwen3-vl"])
-def server(tmp_path, request):
-    """``app/demo.py --model <param>`` on a free port; yields its URL, stops it afterwards."""
-    port = _free_port()
-    log = (tmp_path / "server.log").open("w")
+def _start_demo(tmp_path: Path, model: str) -> tuple[subprocess.Popen, str]:
+    """``app/demo.py --model MODEL`` serving on a free port (its URL), waited for. A port taken by another
+    process between choosing it and binding it (other suites on the machine) is retried on a new one, at most
+    three times; any other exit fails the test with the demo's log."""
     env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
-    process = subprocess.Popen(
-        [sys.executable, str(REPO / "app/demo.py"), "--model", request.param, "--port", str(port)]
-        + ["--max-new-tokens", "8"],
-        cwd=tmp_path,  # not the repository: the example files must be served from anywhere
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(
-                    f"the demo exited with {process.returncode}:\n{(tmp_path / 'server.log').read_text()}"
-                )
+    for attempt in range(3):
+        port, path = _free_port(), tmp_path / f"server-{attempt}.log"
+        with path.open("w") as log:
+            process = subprocess.Popen(
+                [sys.executable, str(REPO / "app/demo.py"), "--model", model, "--port", str(port)]
+                + ["--max-new-tokens", "8"],
+                cwd=tmp_path,  # not the repository: the example files must be served from anywhere
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        url, deadline = f"http://127.0.0.1:{port}/", time.monotonic() + START_TIMEOUT_S
+        while process.poll() is None:
             try:
                 with urllib.request.urlopen(url, timeout=2) as response:
                     if response.status == 200:
-                        break
+                        return process, url
             except OSError:
                 pass
             if time.monotonic() > deadline:
+                _stop(process)
                 pytest.fail(f"the demo did not serve within {START_TIMEOUT_S} s")
             time.sleep(0.5)
+        text = path.read_text()
+        if "Cannot find empty port" not in text:
+            pytest.fail(f"the demo exited with {process.returncode}:\n{text}")
+    pytest.fail("three free ports were taken before the demo could bind them")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(params=["tiny-qwen3-vl"])
+def server(tmp_path, request):
+    """The demo of ``<param>`` on a free port; yields its URL, stops it afterwards."""
+    process, url = _start_demo(tmp_path, request.param)
+    try:
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        log.close()
+        _stop(process)
 
 
 @contextmanager
