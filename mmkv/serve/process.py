@@ -34,6 +34,21 @@ class ServerProcess:
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> ServerProcess:
+        """Start the server and wait for ``/health``. A port another process takes between choosing it and the
+        server binding it (other suites or servers on the machine) is retried on a new port, at most three times;
+        any other exit raises ``RuntimeError`` with the log's end."""
+        for _ in range(3):
+            if self._start():
+                return self
+            self.port = free_port()
+            self.base_url = f"http://127.0.0.1:{self.port}"
+        raise RuntimeError(f"three free ports were taken before the server bound one: {self._log_end()}")
+
+    def _log_end(self) -> str:
+        return self.log.read_text(errors="replace")[-2000:]
+
+    def _start(self) -> bool:
+        """True once the server answers; False if it exited because its port was taken."""
         command = [sys.executable, "-m", "mmkv", "serve", "--port", str(self.port), *self.args]
         if self.api_key:
             command += ["--api-key", self.api_key]
@@ -47,15 +62,20 @@ class ServerProcess:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited: {self.log.read_text()[-2000:]}")
+                end = self._log_end()
+                if (
+                    "already in use" in end
+                ):  # our preflight's words, or uvicorn's "[Errno 98] ... already in use"
+                    return False
+                raise RuntimeError(f"the server exited: {end}")
             try:
                 if httpx.get(f"{self.base_url}/health", headers=headers, timeout=2).status_code == 200:
-                    return self
+                    return True
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
                 self.__exit__(None, None, None)
-                raise RuntimeError(f"the server did not come up: {self.log.read_text()[-2000:]}")
+                raise RuntimeError(f"the server did not come up: {self._log_end()}")
             time.sleep(0.2)
 
     def __exit__(self, *exc) -> None:
