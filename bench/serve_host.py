@@ -22,6 +22,7 @@ can run it before and after a change).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import statistics
@@ -72,17 +73,23 @@ class StepClock:
     def __init__(self, clock: ForwardClock) -> None:
         self.clock, self.ms = clock, {}
 
+    @contextlib.contextmanager
+    def _measured(self, name: str):
+        """Add the host ms of the block (its forward calls excluded) to ``name``."""
+        forward, started = self.clock.seconds, time.perf_counter()
+        try:
+            yield
+        finally:
+            spent = time.perf_counter() - started - (self.clock.seconds - forward)
+            self.ms[name] = self.ms.get(name, 0.0) + 1e3 * spent
+
     def wrap(self, name: str, owner, attr: str) -> None:
         function = getattr(owner, attr)
 
         @functools.wraps(function)
         def timed(*args, **kwargs):
-            forward, started = self.clock.seconds, time.perf_counter()
-            try:
+            with self._measured(name):
                 return function(*args, **kwargs)
-            finally:
-                spent = time.perf_counter() - started - (self.clock.seconds - forward)
-                self.ms[name] = self.ms.get(name, 0.0) + 1e3 * spent
 
         setattr(owner, attr, timed)
 
@@ -91,12 +98,8 @@ class StepClock:
 
         @functools.wraps(function)
         def timed(*args, **kwargs):
-            forward, started = self.clock.seconds, time.perf_counter()
-            try:
+            with self._measured(name):
                 yield from function(*args, **kwargs)
-            finally:
-                spent = time.perf_counter() - started - (self.clock.seconds - forward)
-                self.ms[name] = self.ms.get(name, 0.0) + 1e3 * spent
 
         setattr(owner, attr, timed)
 
