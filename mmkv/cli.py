@@ -158,8 +158,15 @@ def _serve_parser(sub) -> None:
         "--allowed-local-media-path", type=Path, default=None, help="file:// images must lie under this"
     )
     p.add_argument(
-        "--max-queue", type=int, default=16, help="waiting requests beyond the running one (then 503)"
+        "--max-queue", type=int, default=16, help="waiting requests beyond the running ones (then 503)"
     )
+    batching = p.add_argument_group("batching (the engine: continuous batching over spliced sequences)")
+    batching.add_argument("--max-batch", type=int, default=8,
+                          help="requests prefilling or decoding at once; 1: one at a time")  # fmt: skip
+    batching.add_argument("--max-batch-kv-bytes", type=int, default=2 << 30,
+                          help="bound on the decode batch's KV (rows padded to the longest)")  # fmt: skip
+    batching.add_argument("--prefill-chunk", type=int, default=512,
+                          help="prompt tokens computed per step while others decode (>= 16)")  # fmt: skip
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route")
     p.add_argument("--open-health", action="store_true", help="with --api-key: /health answers without it")
     p.add_argument("--open-metrics", action="store_true", help="with --api-key: /metrics answers without it")
@@ -207,6 +214,9 @@ def _serve(args) -> None:
             allowed_media_domains=tuple(args.allowed_media_domains),
             allowed_local_media_path=args.allowed_local_media_path,
             max_queue=args.max_queue,
+            max_batch=args.max_batch,
+            max_batch_kv_bytes=args.max_batch_kv_bytes,
+            prefill_chunk=args.prefill_chunk,
             api_key=args.api_key,
             open_health=args.open_health,
             open_metrics=args.open_metrics,

@@ -1,8 +1,9 @@
 """``Session``: a multi-turn conversation over one model that never pays twice for the same picture.
 
 A thin facade over a ``Conversation`` (what was said), a ``LiveCache`` (the KV held now) and, per turn,
-``TurnSources`` (the stores): a turn lays the conversation out (``LayoutBuilder``), runs ``run_turn`` (matching
-prefix, plan, one forward call, store writes) and decodes (``Decoder``). A failed turn leaves the conversation
+``TurnSources`` (the stores): a turn lays the conversation out (``LayoutBuilder``) and runs its one sequence
+through the engine the server uses (``mmkv.engine``: matching prefix, plan, one forward call, store writes,
+then decoding). A failed turn leaves the conversation
 as it was and the live cache empty.
 """
 
@@ -20,6 +21,7 @@ from .cache import EncoderStore, ImageDigest, KVStore
 from .cache.memory import MemoryTier
 from .config import SessionConfig, check_int, check_question, check_sampling, check_stores
 from .conversation import Conversation, ConversationImage, ToolCall
+from .engine import Delta, Done, EngineConfig, EngineCore, Failed, First, Request
 from .images import ImageSource
 from .kv import KVSegment
 from .kv.vision import ImageFeatures
@@ -30,7 +32,6 @@ from .runtime import (
     GREEDY,
     Answer,
     DecodeOptions,
-    Decoder,
     ImageReuse,
     LiveCache,
     PrefillStats,
@@ -46,6 +47,8 @@ from .runtime import (
 from .runtime.grammar import GrammarSpec, constraint_for
 
 __all__ = ["Answer", "ImageReuse", "PrefillStats", "ReusePolicy", "Session", "SessionConfig"]
+
+_SESSION_ENGINE = EngineConfig(max_batch=1, prefill_chunk=None, max_waiting=1)  # one sequence, one forward call
 
 
 def _exclusive(method):
@@ -187,26 +190,34 @@ class Session:
         return self._turn(question, options, constraint)
 
     def _turn(self, question: str | None, options: DecodeOptions, constraint) -> Iterator[str]:
+        """One turn as the server runs it: the session's one sequence through an ``EngineCore`` of its own
+        (``mmkv.engine``: the prefill with its splices and repairs, then decode steps), over the session's live
+        cache. Yields the answer's text as it comes; records the turn once it ends."""
         with self._lock:
-            started = time.perf_counter()
-            with self.live.dropped_on_error(), torch.inference_mode():
-                logits, stats = self._bring_up_to_date(question)  # steps 1-5
-                ttft = time.perf_counter() - started
-                decoder = Decoder(self.handle, self.live, logits, options, constraint=constraint)  # 6. decode
-                steps = iter(decoder)
-            while True:
-                with self.live.dropped_on_error(), torch.inference_mode():
-                    step = next(steps, None)
-                if step is None:
-                    break
-                if step.delta:
-                    yield step.delta
+            layout, history_start = self._layout(question, True, self.config.policy)  # 1. lay out
+            events: list = []
+            request = Request(layout, self.conversation.images, self.config.policy, options, events.append,
+                              constraint, live=self.live)  # fmt: skip
+            core = EngineCore(self.handle, _SESSION_ENGINE, self._sources)
+            core.add(request)
+            answer = None
+            while not request.is_finished:  # 2-6. matching prefix, plan, execute, store writes, decode
+                core.step()
+                for event in events:
+                    if isinstance(event, Failed):
+                        raise event.error
+                    if isinstance(event, First):
+                        self.last_prefill = event.stats
+                    elif isinstance(event, Delta) and event.step.delta:
+                        yield event.step.delta
+                    elif isinstance(event, Done):
+                        answer = event.answer
+                events.clear()
+            self.history_start = history_start
             if question is not None:
                 self.conversation.add_text(question, "user")
-            calls = self.conversation.add_answer(decoder.text, trusted=constraint is not None)
-            self.last_answer = replace(
-                decoder.answer(stats, ttft, time.perf_counter() - started), tool_calls=calls
-            )
+            calls = self.conversation.add_answer(answer.text, trusted=constraint is not None)
+            self.last_answer = replace(answer, tool_calls=calls)
 
     @_exclusive
     def next_token_logits(self, question: str) -> torch.Tensor:
@@ -256,19 +267,25 @@ class Session:
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ the turn
-    def _bring_up_to_date(
-        self, question: str | None, add_generation_prompt: bool = True, reuse: ReusePolicy | None = None
-    ) -> tuple[torch.Tensor, PrefillStats]:
-        """Steps 1-5 of a turn (``mmkv.runtime.turn``); returns the last prompt token's logits (on the host)
-        and what it took."""
-        started = time.perf_counter()
-        policy = self.config.policy if reuse is None else replace(self.config.policy, reuse=reuse)
-        # 1. lay out (spans traced only when precompiled segments may be spliced)
+    def _layout(
+        self, question: str | None, add_generation_prompt: bool, policy
+    ) -> tuple[PromptLayout, int]:
+        """Step 1 of a turn: the prompt's layout within ``max_prompt_tokens`` (spans traced only when precompiled
+        segments may be spliced) and the history start it needs. Changes nothing."""
         trace = policy.reuse == "kv" and self.conversation.has_segments()
-        layout, self.history_start = self.layouts.build_within(
+        return self.layouts.build_within(
             self.config.max_prompt_tokens, self.conversation, question=question, trace=trace,
             add_generation_prompt=add_generation_prompt, window=self.config.window, history_start=self.history_start,
         )  # fmt: skip
+
+    def _bring_up_to_date(
+        self, question: str | None, add_generation_prompt: bool = True, reuse: ReusePolicy | None = None
+    ) -> tuple[torch.Tensor, PrefillStats]:
+        """Steps 1-5 of a turn without its answer (``mmkv.runtime.turn``); returns the last prompt token's logits
+        (on the host) and what it took."""
+        started = time.perf_counter()
+        policy = self.config.policy if reuse is None else replace(self.config.policy, reuse=reuse)
+        layout, self.history_start = self._layout(question, add_generation_prompt, policy)  # 1. lay out
         # 2-5. matching prefix, plan, execute, store writes
         images, sources = self.conversation.images, self._sources(policy.reuse)
         logits, stats = run_turn(self.handle, self.live, layout, images, sources, policy, started)

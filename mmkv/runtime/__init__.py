@@ -19,7 +19,7 @@ from .decode import (
     TokenLogprob,
     vision_token_ids,
 )
-from .execute import attention_mask, execute, replace_span, resolve_features
+from .execute import attention_mask, drain, execute, execute_steps, replace_span, resolve_features
 from .live import LiveCache, LivePiece
 from .patch import PatchStore, SegmentPatch, fit_patch
 from .plan import (
@@ -39,7 +39,7 @@ from .policy import DEFAULT_BUDGET, REPAIRS, RepairKind
 from .repair import repair_plan
 from .report import Answer, PrefillStats, RepairStats
 from .sources import TurnSources, inputs_nbytes, prepare_image, preprocess
-from .turn import check_positions, run_turn
+from .turn import check_positions, run_turn, turn_steps
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -75,7 +75,9 @@ __all__ = [
     "TurnSources",
     "attention_mask",
     "check_positions",
+    "drain",
     "execute",
+    "execute_steps",
     "inputs_nbytes",
     "pad_features",
     "plan_replace",
@@ -85,5 +87,6 @@ __all__ = [
     "replace_span",
     "resolve_features",
     "run_turn",
+    "turn_steps",
     "vision_token_ids",
 ]

@@ -110,9 +110,16 @@ def end_of_turn_id(handle: ModelHandle) -> int:
 
 
 class Decoder:
-    """One answer being decoded over ``live``, from the prompt's ``logits`` (``(vocab,)``). Iterate it for the
-    ``DecodeStep`` s; afterwards ``finish_reason``, ``token_ids``, ``text`` and ``logprobs`` say what came out.
-    Mutates ``live``: every chosen token that does not end the answer is appended (``LiveCache.extend``)."""
+    """One answer being decoded over ``live``, from the prompt's ``logits`` (``(vocab,)``). Two ways to drive it:
+
+    - iterate it (one sequence alone): each chosen token that does not end the answer is appended to ``live``
+      (``LiveCache.extend``) for the next logits;
+    - from an engine that decodes many sequences in one forward call (``mmkv.engine``): ``advance(logits)``
+      chooses one token; while the answer is not ``finished``, the caller computes the KV of ``pending`` at
+      ``pending_position`` (batched) and passes the logits that follow it to the next ``advance``.
+
+    Afterwards ``finish_reason``, ``token_ids``, ``text`` and ``logprobs`` say what came out. Both ways choose
+    the same tokens from the same logits (one code path, ``advance``)."""
 
     def __init__(
         self,
@@ -126,61 +133,85 @@ class Decoder:
     ) -> None:
         self.handle, self.live, self.options = handle, live, options
         self.constraint, self.should_stop = constraint, should_stop
-        self._logits = logits
-        self.budget = max(1, min(options.max_new_tokens, handle.max_positions - live.next_position + 1))
+        self._logits = logits  # (vocab,) the prompt's last logits: the first advance's
+        self.start_position = live.next_position  # the first answer token's position (text: (p, p, p))
+        self.budget = max(1, min(options.max_new_tokens, handle.max_positions - self.start_position + 1))
         self.answer_text = AnswerText(handle.tokenizer, options.stops)
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.finish_reason: FinishReason | None = None
+        self._banned = torch.tensor(vision_token_ids(handle), device=logits.device)  # (banned,)
+        self._eos = end_of_turn_id(handle)
+        self._generator = None
+        sampling = options.sampling
+        if sampling.temperature > 0 and sampling.seed is not None:
+            self._generator = torch.Generator().manual_seed(sampling.seed)
+        repeat = options.rules.repetition_penalty != 1.0
+        self._prompt_ids = set(live.token_ids.tolist()) if repeat else set()
 
     @property
     def text(self) -> str:
-        """The answer text (final once the iterator is exhausted)."""
+        """The answer text (final once the answer is ``finished``)."""
         return self.answer_text.text
 
+    @property
+    def finished(self) -> bool:
+        """Whether the answer has ended (``finish_reason`` says how)."""
+        return self.finish_reason is not None
+
+    @property
+    def pending(self) -> int:
+        """The last chosen token, whose KV the next logits need (only while not ``finished``)."""
+        assert not self.finished and self.token_ids, "no token is pending"
+        return self.token_ids[-1]
+
+    @property
+    def pending_position(self) -> int:
+        """Where ``pending`` sits: every answer token is text, one position after the one before."""
+        return self.start_position + len(self.token_ids) - 1
+
     def __iter__(self) -> Iterator[DecodeStep]:
-        handle, options = self.handle, self.options
-        banned = torch.tensor(vision_token_ids(handle))
-        eos = end_of_turn_id(handle)
-        sampling = options.sampling
-        generator = None
-        if sampling.temperature > 0 and sampling.seed is not None:
-            generator = torch.Generator().manual_seed(sampling.seed)
-        position = self.live.next_position
         logits = self._logits
-        prompt_ids = set(self.live.token_ids.tolist()) if options.rules.repetition_penalty != 1.0 else set()
-        for count in range(1, self.budget + 1):
-            if self.should_stop is not None and self.should_stop():  # 1. cancellation, deadlines
-                self.finish_reason = "cancelled"
+        while (step := self.advance(logits)) is not None:
+            yield step
+            if self.finished:
                 return
-            scores = options.rules.apply(logits, self.token_ids, prompt_ids)
-            masked = scores.index_fill(0, banned.to(logits.device), float("-inf"))  # 2. choose
-            if self.constraint is None:
-                token = choose(masked, sampling, generator)
-            else:  # among the grammar's allowed ids only: the same choice as masking the rest, without a full mask
-                ids = self.constraint.allowed_ids().to(logits.device)  # (allowed,)
-                token = int(ids[choose(masked[ids], sampling, generator)])
-                self.constraint.advance(token)
-            logprob = self._logprob(logits, token) if options.logprobs is not None else None
-            if logprob is not None:
-                self.logprobs.append(logprob)
-            self.token_ids.append(token)
-            delta = self.answer_text.add(token)  # 3. text
-            ended = (  # 4. the one place an answer ends
-                token == eos
-                or self.answer_text.stopped
-                or (self.constraint is not None and self.constraint.is_finished())
-            )
-            if ended or count == self.budget:
-                self.finish_reason = "stop" if ended else "length"
-                delta += self.answer_text.finish()
-                yield DecodeStep(token, delta, logprob)
-                return
-            yield DecodeStep(token, delta, logprob)
             logits = self.live.extend(
-                torch.tensor([token]), torch.full((3, 1), position, dtype=torch.long)
+                torch.tensor([self.pending]), torch.full((3, 1), self.pending_position, dtype=torch.long)
             )  # 5.
-            position += 1
+
+    def advance(self, logits: torch.Tensor | None = None) -> DecodeStep | None:
+        """Steps 1-4 for one token from ``logits`` (``(vocab,)``: after ``pending``; None: the prompt's own, for
+        the first token). Returns the step, or None when ``should_stop`` ended the answer as "cancelled".
+        Changes this decoder (and the constraint's state), never ``live``."""
+        assert not self.finished, "the answer has ended"
+        logits = self._logits if logits is None else logits
+        options = self.options
+        if self.should_stop is not None and self.should_stop():  # 1. cancellation, deadlines
+            self.finish_reason = "cancelled"
+            return None
+        scores = options.rules.apply(logits, self.token_ids, self._prompt_ids)
+        masked = scores.index_fill(0, self._banned.to(logits.device), float("-inf"))  # 2. choose
+        if self.constraint is None:
+            token = choose(masked, options.sampling, self._generator)
+        else:  # among the grammar's allowed ids only: the same choice as masking the rest, without a full mask
+            ids = self.constraint.allowed_ids().to(logits.device)  # (allowed,)
+            token = int(ids[choose(masked[ids], options.sampling, self._generator)])
+            self.constraint.advance(token)
+        logprob = self._logprob(logits, token) if options.logprobs is not None else None
+        if logprob is not None:
+            self.logprobs.append(logprob)
+        self.token_ids.append(token)
+        delta = self.answer_text.add(token)  # 3. text
+        ended = (  # 4. the one place an answer ends
+            token == self._eos
+            or self.answer_text.stopped
+            or (self.constraint is not None and self.constraint.is_finished())
+        )
+        if ended or len(self.token_ids) == self.budget:
+            self.finish_reason = "stop" if ended else "length"
+            delta += self.answer_text.finish()
+        return DecodeStep(token, delta, logprob)
 
     def answer(self, prefill: PrefillStats, ttft_s: float, total_s: float, queue_s: float = 0.0) -> Answer:
         """The turn's ``Answer``, once the iterator is exhausted (``prefill``: what the prompt took)."""

@@ -12,8 +12,9 @@ afterwards the entries are ``0 .. 11`` in order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 import torch
 
@@ -27,7 +28,10 @@ from .live import LiveCache
 from .plan import FeatureSlice, Plan, Splice, TurnPolicy, plan_replace
 from .sources import TurnSources
 
-__all__ = ["MASK_ELEMENTS", "attention_mask", "execute", "place_splices", "replace_span", "resolve_features"]
+T = TypeVar("T")
+
+__all__ = [
+    "MASK_ELEMENTS", "attention_mask", "drain", "execute", "execute_steps", "place_splices", "replace_span", "resolve_features"]
 
 
 def attention_mask(entry_index: torch.Tensor, query_index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -77,16 +81,38 @@ def execute(
     images: Sequence[ConversationImage],
     sources: TurnSources,
 ) -> torch.Tensor:
-    """Bring ``live`` (holding exactly ``plan.keep`` entries of ``layout``) to the whole prompt; returns the
-    ``(vocab,)`` float32 logits after the last computed token. Mutates ``live`` (cache and record); on an
-    exception the live cache is in an undefined state (reset it).
+    """Bring ``live`` (holding exactly ``plan.keep`` entries of ``layout``) to the whole prompt in one go (see
+    ``execute_steps``); returns the ``(vocab,)`` float32 logits after the last computed token. Mutates ``live``."""
+    return drain(execute_steps(handle, live, plan, layout, images, sources))
 
-    Memory stays bounded: when the one call's mask would exceed ``MASK_ELEMENTS`` entries, the computed tokens
-    before the last splice run in masked chunks of bounded size, the cache is put in prompt order, and the rest
-    (the computed tail, usually the bulk of new text) runs on the model's own causal path, with no mask at all:
-    so a splice never costs more attention memory than recomputing."""
+
+def execute_steps(
+    handle: ModelHandle,
+    live: LiveCache,
+    plan: Plan,
+    layout: PromptLayout,
+    images: Sequence[ConversationImage],
+    sources: TurnSources,
+    chunk_tokens: int | None = None,
+) -> Generator[None, None, torch.Tensor]:
+    """Bring ``live`` (holding exactly ``plan.keep`` entries of ``layout``) to the whole prompt; a generator that
+    yields after each forward call and returns the ``(vocab,)`` float32 logits (on the model's device) after the
+    last computed token. Mutates ``live`` (cache and record); on an exception the live cache is in an undefined
+    state (reset it).
+
+    ``chunk_tokens``: at most that many tokens per forward call (an engine runs other sequences' decode steps
+    between the chunks); None: as few calls as memory allows. The chunking depends on the plan only, never on
+    what else runs, so a prompt is computed the same way whatever the load.
+
+    Memory stays bounded: when the one call's mask would exceed ``MASK_ELEMENTS`` entries (or the computed
+    tokens exceed ``chunk_tokens``), the computed tokens before the last splice run in masked chunks of bounded
+    size, the cache is put in prompt order, and the rest (the computed tail, usually the bulk of new text) runs
+    on the model's own causal path, with no mask at all: so a splice never costs more attention memory than
+    recomputing."""
     if live.num_tokens != plan.keep:
         raise ValueError(f"the live cache holds {live.num_tokens} entries; the plan keeps {plan.keep}")
+    if chunk_tokens is not None and chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1 or None, got {chunk_tokens!r}")
     ids = layout.token_ids
     entry_index = [torch.arange(plan.keep)]  # prompt index of every cache entry, in cache order
     if plan.splices:
@@ -95,27 +121,55 @@ def execute(
     computed = plan.computed_indices()  # (Q,)
     features = resolve_features(plan.features, images, sources)
     entries = torch.cat(entry_index)  # (keep + spliced,)
+    fits = chunk_tokens is None or computed.numel() <= chunk_tokens
     if not plan.splices:
-        logits = _run(handle, live, layout, computed, features, None)
-    elif computed.numel() * (entries.numel() + computed.numel()) <= MASK_ELEMENTS:
+        logits = yield from _run_causal(handle, live, layout, computed, features, chunk_tokens)
+    elif fits and computed.numel() * (entries.numel() + computed.numel()) <= MASK_ELEMENTS:
         logits = _run(handle, live, layout, computed, features, torch.cat([entries, computed]))
         live.reorder_tail(plan.keep, torch.argsort(torch.cat([entries, computed])[plan.keep :]))
     else:
         last_splice_end = max(splice.end for splice in plan.splices)
         head, tail = computed[computed < last_splice_end], computed[computed >= last_splice_end]
         chunk = max(1, MASK_ELEMENTS // (entries.numel() + head.numel()))
+        chunk = chunk if chunk_tokens is None else min(chunk, chunk_tokens)
         logits = None
         for begin in range(0, head.numel(), chunk):
             part = head[begin : begin + chunk]
-            taken, features = _take_features(
-                features, int((ids[part] == handle.processor.image_token_id).sum())
-            )
+            taken, features = _take_features(features, _num_pads(handle, ids[part]))
             entries = torch.cat([entries, part])
             logits = _run(handle, live, layout, part, taken, entries)
+            yield
         live.reorder_tail(plan.keep, torch.argsort(entries[plan.keep :]))
         if tail.numel():
-            logits = _run(handle, live, layout, tail, features, None)
+            logits = yield from _run_causal(handle, live, layout, tail, features, chunk_tokens)
     live.record(layout)
+    return logits
+
+
+def drain(steps: Generator[None, None, T]) -> T:
+    """Run a step generator (``execute_steps``, ``turn_steps``) to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
+def _num_pads(handle: ModelHandle, token_ids: torch.Tensor) -> int:
+    return int((token_ids == handle.processor.image_token_id).sum())
+
+
+def _run_causal(handle, live, layout, computed, features, chunk_tokens) -> Generator[None, None, torch.Tensor]:
+    """Contiguous prompt indices ``computed`` on the causal path, ``chunk_tokens`` at a time (None: at once),
+    yielding after each call but the last; the last call's logits."""
+    size = computed.numel() if chunk_tokens is None else chunk_tokens
+    logits = None
+    for begin in range(0, computed.numel(), size):
+        if logits is not None:
+            yield
+        part = computed[begin : begin + size]
+        taken, features = _take_features(features, _num_pads(handle, layout.token_ids[part]))
+        logits = _run(handle, live, layout, part, taken, None)
     return logits
 
 

@@ -180,6 +180,36 @@ class LiveCache:
             scratch.update(layer.keys[:, :, :keep].clone(), layer.values[:, :, :keep].clone(), index)
         return scratch
 
+    # ------------------------------------------------------------------ batched decoding (mmkv.engine.batch)
+    def padded_layers(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's ``(keys, values)``, each ``(1, kv_heads, length, D)``, the entries held placed last
+        after ``length - num_tokens`` zero entries (left padding: a batch row). Views when no padding is
+        needed, else copies; changes nothing here."""
+        pad = length - self.num_tokens
+        if pad < 0:
+            raise ValueError(f"cannot lay {self.num_tokens} entries out in {length}")
+        layers = [(layer.keys, layer.values) for layer in self.cache.layers]
+        if pad == 0:
+            return layers
+        return [(torch.nn.functional.pad(k, (0, 0, pad, 0)), torch.nn.functional.pad(v, (0, 0, pad, 0)))
+                for k, v in layers]  # fmt: skip
+
+    def take_decoded(
+        self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], token_ids: torch.Tensor, positions: torch.Tensor
+    ) -> None:
+        """Say that decoded tokens ``token_ids`` (``(n,)``) at ``positions`` (``(3, n)``) were computed elsewhere
+        (a batched decode step): ``layers`` (per layer ``(keys, values)``, ``(1, kv_heads, num_tokens + n, D)``:
+        the entries held, unchanged, then the new ones) replace the cache's tensors, and the tokens are recorded
+        as part of the last piece."""
+        if len(layers) != len(self.cache.layers):
+            raise ValueError(f"{len(layers)} layers given, the cache has {len(self.cache.layers)}")
+        n = int(token_ids.reshape(-1).shape[0])
+        for layer, (keys, values) in zip(self.cache.layers, layers, strict=True):
+            if keys.shape[2] != self.num_tokens + n:
+                raise ValueError(f"{keys.shape[2]} entries given for {self.num_tokens} held + {n} decoded")
+            layer.keys, layer.values = keys, values
+        self.append_tokens(token_ids, positions)
+
     # ----------------------------------------------------------------- executing a plan (mmkv.runtime.execute)
     def append_spliced(self, segment: KVSegment) -> None:
         """Append ``segment``'s K and V (already at their prompt positions) after the entries held. The

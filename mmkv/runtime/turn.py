@@ -15,7 +15,7 @@ an undefined state: run it inside ``LiveCache.dropped_on_error``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 
 import torch
 
@@ -23,14 +23,14 @@ from ..conversation import ConversationImage
 from ..errors import PromptTooLongError
 from ..model.handle import ModelHandle
 from ..prompt.layout import PromptLayout
-from .execute import execute
+from .execute import drain, execute_steps
 from .live import LiveCache
 from .plan import TurnPolicy, plan_turn
 from .repair import repair_plan
 from .report import PrefillStats
 from .sources import TurnSources
 
-__all__ = ["check_positions", "run_turn"]
+__all__ = ["check_positions", "run_turn", "turn_steps"]
 
 
 def check_positions(handle: ModelHandle, layout: PromptLayout) -> None:
@@ -52,11 +52,29 @@ def run_turn(
     started: float | None = None,
     keep: int | None = None,
 ) -> tuple[torch.Tensor, PrefillStats]:
-    """Steps 2-5 for ``layout`` (whose images are ``images[i]``): returns the ``(vocab,)`` float32 logits of the
-    prompt's last token, on the host, and what it took (``seconds`` counted from ``started``, default now).
-    ``keep``: the matching prefix when the caller already computed it (the server's pool checkout: it is
-    ``live.matching_prefix(layout)``, not computed twice). Mutates ``live`` (it holds the prompt afterwards)
-    and the stores (the turn's writes)."""
+    """Steps 2-5 for ``layout`` at once (``turn_steps`` without chunks): the ``(vocab,)`` float32 logits of the
+    prompt's last token, on the host, and what it took. Mutates ``live`` and the stores."""
+    logits, stats = drain(turn_steps(handle, live, layout, images, sources, policy, started, keep))
+    return logits.cpu(), stats
+
+
+def turn_steps(
+    handle: ModelHandle,
+    live: LiveCache,
+    layout: PromptLayout,
+    images: Sequence[ConversationImage],
+    sources: TurnSources,
+    policy: TurnPolicy,
+    started: float | None = None,
+    keep: int | None = None,
+    chunk_tokens: int | None = None,
+) -> Generator[None, None, tuple[torch.Tensor, PrefillStats]]:
+    """Steps 2-5 for ``layout`` (whose images are ``images[i]``), as a generator that yields between forward
+    calls of at most ``chunk_tokens`` computed tokens (``execute_steps``; an engine decodes other sequences
+    there) and returns the ``(vocab,)`` float32 logits of the prompt's last token, on the model's device, and
+    what it took (``seconds`` counted from ``started``, default now). ``keep``: the matching prefix when the
+    caller already computed it (the server's pool checkout: it is ``live.matching_prefix(layout)``, not
+    computed twice). Mutates ``live`` (it holds the prompt afterwards) and the stores (the turn's writes)."""
     started = time.perf_counter() if started is None else started
     check_positions(handle, layout)
     # 2. matching prefix
@@ -67,7 +85,7 @@ def run_turn(
     plan, repair = repair_plan(handle, live, plan, layout, images, sources)  # the budget beyond the seam
     # 4. execute
     forward_before = live.forward_seconds
-    logits = execute(handle, live, plan, layout, images, sources).cpu()
+    logits = yield from execute_steps(handle, live, plan, layout, images, sources, chunk_tokens)
     stats = PrefillStats(
         layout.num_tokens, plan.prefilled, plan.reused, plan.images, time.perf_counter() - started,
         live.forward_seconds - forward_before, repair,

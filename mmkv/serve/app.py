@@ -29,6 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
+from ..engine import QueueFull
 from ..errors import MmkvError
 from .engine import Engine, as_api_error
 from .media import MediaError
@@ -49,12 +50,13 @@ from .protocol import (
 )
 from .replies import Reply
 from .worker import Delta as DeltaEvent
-from .worker import Done, Failed, First, Job, QueueFull
+from .worker import Done, Failed, First, Job
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("mmkv.serve")
 MAX_JSON_DEPTH = 64  # request JSON nested deeper than this is refused before parsing
+DISCONNECT_CHECK_S = 0.25  # how often a waiting request looks whether its client is still there
 
 
 def create_app(engine: Engine) -> FastAPI:
@@ -92,7 +94,8 @@ def create_app(engine: Engine) -> FastAPI:
     async def health(request: Request):
         if not config.open_health and (error := _auth(request, config.api_key)) is not None:
             return respond(error, "-")
-        return {"status": "ok", "model": config.model, "queue": len(engine.worker.queue)}
+        return {"status": "ok", "model": config.model, "queue": engine.worker.num_waiting,
+                "running": engine.worker.num_running}  # fmt: skip
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -125,12 +128,12 @@ def create_app(engine: Engine) -> FastAPI:
             fetched = await engine.fetch(body, deadline)  # http(s) images, on the media pool
             intake = await run_in_threadpool(engine.intake, body, fetched, deadline)
             constraint = engine.constraint(intake.grammar)
+            loop = asyncio.get_running_loop()
+            job = await run_in_threadpool(engine.prepare, body, intake, constraint, deadline, loop)  # the layout
         except (ApiError, MediaError, MmkvError, ValueError) as exc:
             return respond(as_api_error(exc), request_id)
-        job = Job(intake.conversation, intake.policy, intake.options, asyncio.get_running_loop(), asyncio.Queue(),
-                  deadline, constraint)  # fmt: skip
         try:
-            engine.worker.submit(job)
+            engine.worker.submit(job.request)
         except QueueFull:
             return respond(
                 Busy(f"the server is busy ({config.max_queue} requests waiting); retry shortly"), request_id
@@ -229,17 +232,24 @@ def _depth(data: bytes | bytearray) -> int:
 
 async def _next_event(request: Request, engine: Engine, job: Job):
     """The job's next event; withdraws the job when the client disconnects (None) or the deadline passes (a
-    ``Failed`` holding a ``TimeoutError``)."""
+    ``Failed`` holding a ``TimeoutError``). The client is looked at every ``DISCONNECT_CHECK_S`` whether or not
+    events arrive (a non-streamed answer being decoded sends nothing to notice a departure by)."""
     while True:
-        try:
-            return await asyncio.wait_for(job.events.get(), timeout=0.25)
-        except TimeoutError:
-            if time.monotonic() > job.deadline:
-                engine.worker.withdraw(job)
-                return Failed(TimeoutError("the request timed out"))
+        now = time.monotonic()
+        if now > job.deadline:
+            engine.worker.withdraw(job.request)
+            return Failed(TimeoutError("the request timed out"))
+        if now - job.checked >= DISCONNECT_CHECK_S:
+            job.checked = now
             if await request.is_disconnected():
-                engine.worker.withdraw(job)
+                engine.worker.withdraw(job.request)
                 return None
+        if not job.events.empty():
+            return job.events.get_nowait()
+        try:
+            return await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_CHECK_S)
+        except TimeoutError:
+            continue
 
 
 def _failure(error: BaseException, request_id: str) -> ApiError:
@@ -310,4 +320,4 @@ async def _stream(request, engine, job, reply, sources, include_usage):
                 _log(reply.id, 200, answer, sources)
                 return
     finally:
-        job.cancelled.set()  # the client stopped reading: stop decoding (harmless once done)
+        job.request.cancel()  # the client stopped reading: stop decoding (harmless once done)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import check_int
+from ..engine import EngineConfig
 from ..images import DEFAULT_MAX_PIXELS
 from ..runtime import TurnPolicy
 
@@ -27,7 +28,10 @@ class ServerConfig:
         str, ...
     ] = ()  # hosts http(s) image URLs may name (exact match); none by default
     allowed_local_media_path: Path | None = None  # file:// image URLs must lie under this directory
-    max_queue: int = 16  # requests waiting for the model beyond the one it runs; more get 503
+    max_queue: int = 16  # requests waiting for the model beyond those it runs; more get 503
+    max_batch: int = 8  # requests prefilling or decoding at once (1: one at a time, in order of arrival)
+    max_batch_kv_bytes: int = 2 << 30  # the decode batch's KV, rows padded to the longest
+    prefill_chunk: int = 512  # prompt tokens computed per engine step while other requests decode
     api_key: str | None = None  # when set, every route needs "Authorization: Bearer <key>" (but see open_*)
     open_health: bool = False  # with api_key: /health answers without it
     open_metrics: bool = False  # with api_key: /metrics answers without it
@@ -62,7 +66,8 @@ class ServerConfig:
         check_int(self.port, "port", 0)
         for name in ("max_queue", "pool_bytes", "max_body_bytes", "max_image_bytes", "max_image_pixels",
                      "max_images", "max_tokens", "kv_memory_bytes", "encoder_memory_bytes", "image_cache_bytes",
-                     "decode_budget_bytes", "layout_cache_bytes", "max_connections", "max_fetches"):  # fmt: skip
+                     "decode_budget_bytes", "layout_cache_bytes", "max_connections", "max_fetches", "max_batch",
+                     "max_batch_kv_bytes"):  # fmt: skip
             check_int(getattr(self, name), name, 0 if name in ("max_queue", "pool_bytes") else 1)
         for name in (
             "request_timeout_s",
@@ -74,8 +79,14 @@ class ServerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        check_int(self.prefill_chunk, "prefill_chunk", 16)
         if not isinstance(self.policy, TurnPolicy):
             raise TypeError(f"policy must be an mmkv.runtime.TurnPolicy, got {type(self.policy).__name__}")
+
+    @property
+    def engine(self) -> EngineConfig:
+        """The engine's settings."""
+        return EngineConfig(self.max_batch, self.max_batch_kv_bytes, self.prefill_chunk, self.max_queue)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import mmkv
@@ -18,9 +19,11 @@ import mmkv
 from ..cache import EncoderStore, KVStore
 from ..cache.memory import MemoryTier
 from ..conversation import ConversationImage
-from ..errors import ImageTooLargeError, MmkvError
+from ..engine import Request
+from ..errors import ImageTooLargeError, MmkvError, PromptTooLongError
 from ..images import load_image
-from ..runtime import Answer, prepare_image
+from ..prompt.blocks import LayoutBuilder
+from ..runtime import Answer, check_positions, prepare_image
 from ..runtime.decode import end_of_turn_id
 from ..runtime.grammar import GrammarSpec, TokenConstraint, constraint_for, vocabulary_of
 from .budget import ByteBudget, decode_bytes
@@ -30,7 +33,7 @@ from .media import MediaError, MediaPolicy, read_image_url, read_image_url_async
 from .metrics import Metrics
 from .pool import LivePool
 from .protocol import ApiError, BadRequest, ChatCompletionRequest, ImagePart, Timeout, TooLarge
-from .worker import Worker
+from .worker import Job, Worker
 
 __all__ = ["Engine", "as_api_error"]
 
@@ -57,8 +60,10 @@ class Engine:
             config.allowed_media_domains, config.allowed_local_media_path, config.max_image_bytes,
             config.fetch_timeout_s, max_fetches=config.max_fetches,
         )  # fmt: skip
+        self.layouts = LayoutBuilder(self.handle, config.layout_cache_bytes)  # one for all requests: by content
         self.worker = Worker(self.handle, self.kv_store, self.encoder_store, self.pixels, self.pool,
-                             self.metrics, config.max_queue, config.layout_cache_bytes)  # fmt: skip
+                             self.metrics, config.engine)  # fmt: skip
+        self._token_bytes = max(len(t) for t in self.handle.tokenizer.get_vocab())  # longest token, in bytes
         self.end_of_turn = end_of_turn_id(self.handle)
         vocabulary_of(self.handle)  # the grammar engine's view of the tokenizer, built now, not by a request
         self.started = time.time()
@@ -93,6 +98,30 @@ class Engine:
                                 record, read)  # fmt: skip
         except (ValueError, TypeError) as exc:  # the records' checks: text, roles, tool calls, field values
             raise as_api_error(exc, "messages") from exc
+
+    def prepare(
+        self, body: ChatCompletionRequest, intake: Intake, constraint: TokenConstraint | None, deadline: float,
+        loop: asyncio.AbstractEventLoop,
+    ) -> Job:  # fmt: skip
+        """The request's ``Job``: its prompt laid out (messages rendered and tokenised: input-sized work, so on
+        the request's own thread, never the model's or the event loop's) and its engine ``Request``. A prompt
+        that cannot fit the model's positions is refused from its size first (``PromptTooLongError``), before
+        anything is tokenised: no token is longer than the vocabulary's longest, so the text's bytes bound the
+        tokens from below."""
+        text_bytes = sum(len(text.encode("utf-8", "surrogatepass")) for text in _texts(body))
+        if text_bytes // self._token_bytes > self.handle.max_positions:
+            raise PromptTooLongError(
+                f"the messages hold {text_bytes:,} bytes of text: at least {text_bytes // self._token_bytes:,} "
+                f"tokens, past this model's {self.handle.max_positions} positions"
+            )
+        if time.monotonic() > deadline:
+            raise Timeout("the request timed out before it was laid out")
+        layout = self.layouts.build(intake.conversation, add_generation_prompt=True)
+        check_positions(self.handle, layout)
+        job = Job(loop, metrics=self.metrics)
+        job.request = Request(layout, intake.conversation.images, intake.policy, intake.options, job.emit,
+                              constraint, deadline)  # fmt: skip
+        return job
 
     def constraint(self, grammar: GrammarSpec | None) -> TokenConstraint | None:
         """A fresh constraint for one answer (compiled once per grammar), or None."""
@@ -130,6 +159,19 @@ class Engine:
     def close(self) -> None:
         self.worker.close()
         self.media.close()
+
+
+def _texts(body: ChatCompletionRequest) -> Iterator[str]:
+    """Every text a request's messages carry (contents, text parts, tool-call names and arguments)."""
+    for message in body.messages:
+        content = getattr(message, "content", None)
+        if isinstance(content, str):
+            yield content
+        elif isinstance(content, list):
+            yield from (part.text for part in content if isinstance(getattr(part, "text", None), str))
+        for call in getattr(message, "tool_calls", None) or ():
+            yield call.function.name
+            yield call.function.arguments
 
 
 def as_api_error(error: BaseException, param: str | None = None) -> ApiError:

@@ -307,10 +307,10 @@ def test_models_health_and_metrics(server):
 
 
 def test_api_key_full_queue_and_disconnects(tmp_path):
-    """With --api-key: 401 without it. With --max-queue 1: while one request runs and one waits, a third gets
+    """With --api-key: 401 without it. With --max-batch 1 --max-queue 1: while one request runs and one waits, a third gets
     503 with Retry-After; a client that gives up while queued is dropped from the queue (watched through
     /health's queue depth, not timed)."""
-    with run_server(tmp_path, "--max-queue", "1", api_key="sekret") as running:
+    with run_server(tmp_path, "--max-queue", "1", "--max-batch", "1", api_key="sekret") as running:
         anonymous = openai.OpenAI(base_url=f"{running.base_url}/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             anonymous.models.list()
