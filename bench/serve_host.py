@@ -27,6 +27,7 @@ import functools
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -72,16 +73,25 @@ class StepClock:
 
     def __init__(self, clock: ForwardClock) -> None:
         self.clock, self.ms = clock, {}
+        self._local = (
+            threading.local()
+        )  # per thread: for each open block, seconds its timed inner blocks took
 
     @contextlib.contextmanager
     def _measured(self, name: str):
-        """Add the host ms of the block (its forward calls excluded) to ``name``."""
+        """Add the host ms of the block (its forward calls and any timed block inside it excluded, so nested
+        steps are counted once, in the innermost) to ``name``."""
+        children = self._local.__dict__.setdefault("children", [])
         forward, started = self.clock.seconds, time.perf_counter()
+        children.append(0.0)
         try:
             yield
         finally:
+            inner = children.pop()
             spent = time.perf_counter() - started - (self.clock.seconds - forward)
-            self.ms[name] = self.ms.get(name, 0.0) + 1e3 * spent
+            self.ms[name] = self.ms.get(name, 0.0) + 1e3 * (spent - inner)
+            if children:
+                children[-1] += spent
 
     def wrap(self, name: str, owner, attr: str) -> None:
         function = getattr(owner, attr)
@@ -104,20 +114,31 @@ class StepClock:
         setattr(owner, attr, timed)
 
 
+MODEL_THREAD = (
+    "[model thread] "  # the parts run on the engine's thread (the rest: request threads, event loop)
+)
+
+
 def _time_steps(engine, clock: ForwardClock) -> StepClock:
+    from mmkv.engine import DecodeBatch, EngineCore, ModelRunner, Scheduler
     from mmkv.prompt.blocks import LayoutBuilder
-    from mmkv.runtime.decode import Decoder
-    from mmkv.serve import worker
     from mmkv.serve.pool import LivePool
 
     steps = StepClock(clock)
     steps.wrap("new images (decode, digest, preprocess)", type(engine), "_image")
     steps.wrap("intake (request -> conversation)", type(engine), "intake")
     steps.wrap("layout", LayoutBuilder, "build")
-    steps.wrap("pool checkout", LivePool, "checkout")
-    steps.wrap("pool check-in", LivePool, "checkin")
-    steps.wrap("turn (plan, splice, mask, store writes)", worker, "run_turn")
-    steps.wrap_generator("decode loop", Decoder, "__iter__")
+    steps.wrap("prepare (size check, engine request)", type(engine), "prepare")
+    m = MODEL_THREAD
+    steps.wrap(m + "engine step (the rest: bookkeeping, events)", EngineCore, "step")
+    steps.wrap(m + "schedule", Scheduler, "schedule")
+    steps.wrap(m + "pool checkout", LivePool, "checkout")
+    steps.wrap(m + "pool check-in", LivePool, "checkin")
+    steps.wrap(m + "prefill (plan, splice, mask, store writes)", ModelRunner, "prefill")
+    steps.wrap(m + "decode forward's inputs", ModelRunner, "decode")
+    steps.wrap(m + "batch join / leave", DecodeBatch, "join")
+    steps.wrap(m + "batch join / leave", DecodeBatch, "leave")
+    steps.wrap(m + "decode loop (choose, text)", EngineCore, "_advance")
     return steps
 
 
@@ -162,17 +183,18 @@ def run(model: str, turns: int, agents: int, window: int, max_tokens: int, parts
         "forward_ms_by_turn": [round(statistics.median(forward[t]), 3) for t in sorted(forward)],
     }
     if steps is not None and counted:
-        # the intake includes the new images; report it without them, and what no step accounts for
+        # nested steps are counted once, in the innermost (the intake's new images apart from the intake)
         part_ms = {name: ms / counted for name, ms in totals.items()}
-        images = part_ms.get("new images (decode, digest, preprocess)", 0.0)
-        intake = part_ms.pop("intake (request -> conversation)", 0.0)
-        part_ms = {"new images (decode, digest, preprocess)": images,
-                   "rest of the intake (conversation, tools, options)": intake - images,
-                   **{k: v for k, v in part_ms.items() if k != "new images (decode, digest, preprocess)"}}  # fmt: skip
+        part_ms["rest of the intake (conversation, tools, options)"] = part_ms.pop(
+            "intake (request -> conversation)", 0.0
+        )
         rest, transport = host_after / counted - sum(part_ms.values()), statistics.median(floor)
         part_ms["client and transport (a 404 of the same body)"] = transport
         part_ms["JSON, validation, replies, thread hand-offs (the rest)"] = rest - transport
         result["parts_ms"] = {name: round(ms, 3) for name, ms in part_ms.items()}
+        result["model_thread_ms"] = round(
+            sum(ms for n, ms in part_ms.items() if n.startswith(MODEL_THREAD)), 3
+        )
         result["parts_host_ms"] = round(host_after / counted, 3)
     return result
 
@@ -194,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
         if t in REPORTED or t % 5 == 0:
             print(f"turn {t:3d}: host {h:7.2f} ms   forward {f:7.2f} ms", flush=True)
     if "parts_ms" in result:
-        print(f"host ms per request after turn 10, by step (mean; {result['parts_host_ms']:.2f} in all):")
+        print(f"host ms per request after turn 10, by step (mean; {result['parts_host_ms']:.2f} in all, "
+              f"{result['model_thread_ms']:.2f} on the model thread):")  # fmt: skip
         for name, ms in result["parts_ms"].items():
             print(f"  {name:52s} {ms:6.2f}")
     if args.json is not None:

@@ -28,6 +28,7 @@ import torch
 
 from ..model.handle import ModelHandle
 from ..runtime import Decoder, ReusePolicy, TurnSources
+from ..runtime.decode import greedy_tokens
 from ..runtime.report import PrefillStats
 from .events import Delta, Done, Failed, First, Started
 from .request import Request
@@ -56,6 +57,7 @@ class EngineCore:
         self.steps = 0  # steps taken
         self.decode_steps = 0  # batched decode forwards run
         self.decoded_tokens = 0  # tokens those forwards computed
+        self.last_decode_rows = 0  # rows of the last step's decode forward (0: none ran)
 
     def add(self, request: Request) -> None:
         """Queue ``request`` (any thread); ``QueueFull`` when the queue is at its bound."""
@@ -102,6 +104,7 @@ class EngineCore:
         """One prefill chunk, then one decode forward. Returns (the prefill's (logits, stats) when its prompt is
         done, the decode logits, the decode forward's exception)."""
         prefilled, logits, error = None, None, None
+        self.last_decode_rows = len(plan.decode)
         request = plan.prefill
         if request is not None:
             if request.should_stop():
@@ -122,15 +125,22 @@ class EngineCore:
         return prefilled, logits, error
 
     # ---------------------------------------------------------------------------------------------- 3.
-    def _postprocess(self, plan: StepPlan, prefilled, logits: torch.Tensor | None, decode_error) -> list[Request]:
+    def _postprocess(
+        self, plan: StepPlan, prefilled, logits: torch.Tensor | None, decode_error
+    ) -> list[Request]:
         finished: list[Request] = []
+        chosen = {}  # row -> token, for the plain greedy rows: one argmax and one transfer for all of them
+        if decode_error is None and (
+            rows := [i for i, r in enumerate(plan.decode) if r.decoder.is_plain_greedy]
+        ):
+            chosen = dict(zip(rows, greedy_tokens(self.handle, logits[rows]), strict=True))
         for row, request in enumerate(plan.decode):  # the running requests: the next token each
             if decode_error is not None:
                 self.runner.leave(request)
                 request.live.reset()
                 self._fail(request, decode_error, finished)
                 continue
-            self._advance(request, logits[row], finished)
+            self._advance(request, logits[row], finished, chosen.get(row))
         if prefilled is not None:  # the admitted request's first token, then it joins the batch
             request = plan.prefill
             prompt_logits, stats = prefilled
@@ -147,11 +157,14 @@ class EngineCore:
             self._advance(request, None, finished)
         return finished
 
-    def _advance(self, request: Request, logits: torch.Tensor | None, finished: list[Request]) -> None:
-        """Choose ``request``'s next token; an answer that ended leaves the batch."""
+    def _advance(
+        self, request: Request, logits: torch.Tensor | None, finished: list[Request], token: int | None = None
+    ) -> None:
+        """Choose ``request``'s next token (``token``: chosen already, with the batch's other greedy rows); an
+        answer that ended leaves the batch."""
         decoder = request.decoder
         try:
-            step = decoder.advance(logits)
+            step = decoder.advance(logits, token)
         except Exception as exc:  # a grammar that cannot go on, ...: this request only
             self.runner.leave(request)
             request.live.reset()
@@ -165,7 +178,9 @@ class EngineCore:
         self._leave(request, finished)
         if decoder.finish_reason != "cancelled":
             total = time.perf_counter() - request.started
-            request.emit(Done(decoder.answer(request.stats or PrefillStats(), request.ttft_s, total, request.queue_s)))
+            request.emit(
+                Done(decoder.answer(request.stats or PrefillStats(), request.ttft_s, total, request.queue_s))
+            )
 
     def _fail(self, request: Request, error: BaseException, finished: list[Request]) -> None:
         self._leave(request, finished, check_in=False)

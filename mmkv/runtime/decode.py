@@ -50,6 +50,7 @@ __all__ = [
     "TokenConstraint",
     "TokenLogprob",
     "end_of_turn_id",
+    "greedy_tokens",
     "token_bytes",
     "vision_token_ids",
 ]
@@ -180,21 +181,34 @@ class Decoder:
                 torch.tensor([self.pending]), torch.full((3, 1), self.pending_position, dtype=torch.long)
             )  # 5.
 
-    def advance(self, logits: torch.Tensor | None = None) -> DecodeStep | None:
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Whether its choice is the argmax of the logits with the vision tokens banned (greedy, no logit rules,
+        no grammar): an engine may then choose for many sequences in one call (``greedy_tokens``)."""
+        options = self.options
+        return options.sampling.temperature == 0 and options.rules.is_neutral and self.constraint is None
+
+    def advance(self, logits: torch.Tensor | None = None, token: int | None = None) -> DecodeStep | None:
         """Steps 1-4 for one token from ``logits`` (``(vocab,)``: after ``pending``; None: the prompt's own, for
-        the first token). Returns the step, or None when ``should_stop`` ended the answer as "cancelled".
+        the first token). ``token``: the choice already made from these logits by ``greedy_tokens`` (only when
+        ``is_plain_greedy``). Returns the step, or None when ``should_stop`` ended the answer as "cancelled".
         Changes this decoder (and the constraint's state), never ``live``."""
         assert not self.finished, "the answer has ended"
+        assert token is None or self.is_plain_greedy, "a precomputed choice needs plain greedy decoding"
         logits = self._logits if logits is None else logits
         options = self.options
         if self.should_stop is not None and self.should_stop():  # 1. cancellation, deadlines
             self.finish_reason = "cancelled"
             return None
-        scores = options.rules.apply(logits, self.token_ids, self._prompt_ids)
-        masked = scores.index_fill(0, self._banned.to(logits.device), float("-inf"))  # 2. choose
-        if self.constraint is None:
+        if token is not None:  # 2. chosen with other sequences' (greedy_tokens)
+            pass
+        elif self.constraint is None:
+            scores = options.rules.apply(logits, self.token_ids, self._prompt_ids)
+            masked = scores.index_fill(0, self._banned.to(logits.device), float("-inf"))  # 2. choose
             token = choose(masked, options.sampling, self._generator)
         else:  # among the grammar's allowed ids only: the same choice as masking the rest, without a full mask
+            scores = options.rules.apply(logits, self.token_ids, self._prompt_ids)
+            masked = scores.index_fill(0, self._banned.to(logits.device), float("-inf"))
             ids = self.constraint.allowed_ids().to(logits.device)  # (allowed,)
             token = int(ids[choose(masked[ids], options.sampling, self._generator)])
             self.constraint.advance(token)
@@ -231,6 +245,13 @@ class Decoder:
             top = tuple(_entry(tokenizer, int(i), float(v)) for v, i in zip(values, ids, strict=True))
         chosen = _entry(tokenizer, token, float(logp[token]))
         return TokenLogprob(chosen.token_id, chosen.token, chosen.bytes, chosen.logprob, top)
+
+
+def greedy_tokens(handle: ModelHandle, logits: torch.Tensor) -> list[int]:
+    """The greedy choice of every row of ``(B, vocab)`` logits, vision tokens banned: one call and one transfer
+    to the host for a whole batch (what ``Decoder.advance`` chooses row by row when ``is_plain_greedy``)."""
+    banned = torch.tensor(vision_token_ids(handle), device=logits.device)  # (banned,)
+    return logits.index_fill(1, banned, float("-inf")).argmax(-1).tolist()
 
 
 def _entry(tokenizer, token_id: int, logprob: float) -> TokenLogprob:

@@ -42,4 +42,8 @@ class Metrics:
         self.pool_entries = Gauge("mmkv_pool_entries", "Idle live caches kept between requests", registry=r)
         self.pool_bytes = Gauge("mmkv_pool_bytes", "KV bytes of the idle live caches", registry=r)
         self.queue_depth = Gauge("mmkv_queue_depth", "Requests waiting for the model", registry=r)
+        self.decode_rows = Histogram(
+            "mmkv_decode_batch_rows", "Sequences decoded per batched forward", buckets=(1, 2, 4, 8, 16, 32, 64),
+            registry=r,
+        )
         self.running = Gauge("mmkv_running_requests", "Requests prefilling or decoding (the batch)", registry=r)

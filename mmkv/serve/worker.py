@@ -120,6 +120,8 @@ class Worker:
             metrics = self.metrics
             metrics.queue_depth.set(self.num_waiting)
             metrics.running.set(self.num_running)
+            if self.core.last_decode_rows:
+                metrics.decode_rows.observe(self.core.last_decode_rows)
             for _ in finished:
                 self.heap.tick()  # every 64th request: freed memory back to the system (see heap.py)
             if finished:

@@ -15,7 +15,10 @@ def test_host_time_is_reported_per_turn_and_the_parts_add_up():
     assert len(result["host_ms_by_turn"]) == len(result["forward_ms_by_turn"]) == 12
     assert set(result["host_ms"]) == {"2", "10"} and all(f > 0 for f in result["forward_ms_by_turn"])
     parts = result["parts_ms"]
-    assert {"new images (decode, digest, preprocess)", "layout", "pool checkout", "decode loop"} <= set(parts)
+    model = "[model thread] "
+    assert {"new images (decode, digest, preprocess)", "layout", model + "pool checkout",
+            model + "decode loop (choose, text)", model + "prefill (plan, splice, mask, store writes)"} <= set(parts)  # fmt: skip
+    assert 0 < result["model_thread_ms"] < result["parts_host_ms"]
     assert all(ms >= 0 for name, ms in parts.items() if not name.startswith("JSON"))
     assert parts["new images (decode, digest, preprocess)"] > 0 and parts["layout"] > 0
     assert math.isclose(sum(parts.values()), result["parts_host_ms"], abs_tol=0.01)  # each rounded to 1 us

@@ -14,7 +14,14 @@ from tests.engine.conftest import Stores, conversation
 def _prefilled(handle, k: int) -> LiveCache:
     session = conversation(handle, k, images=1 + k % 2)
     live = LiveCache(handle)
-    run_turn(handle, live, session.prompt_layout(None), session.images, Stores(handle).sources("none"), TurnPolicy())
+    run_turn(
+        handle,
+        live,
+        session.prompt_layout(None),
+        session.images,
+        Stores(handle).sources("none"),
+        TurnPolicy(),
+    )
     return live
 
 

@@ -60,7 +60,9 @@ def test_a_batched_run_answers_as_a_serial_run(tiny):
     run(Stores(tiny), [r for r, _ in serial], SERIAL)
     batched = _requests(tiny, cases)
     widths = []
-    core = run(Stores(tiny), [r for r, _ in batched], BATCHED, between=lambda c: widths.append(len(c.runner.batch)))
+    core = run(
+        Stores(tiny), [r for r, _ in batched], BATCHED, between=lambda c: widths.append(len(c.runner.batch))
+    )
     assert max(widths) >= 6  # most of them decoded in one forward call
     assert core.decode_steps < sum(len(o.answer.token_ids) for _, o in serial)
     for (_, b), (_, s) in zip(batched, serial, strict=True):
@@ -77,7 +79,9 @@ def test_finished_requests_hand_back_the_cache_decoding_alone_leaves(tiny):
     run(Stores(tiny), [r for r, _ in batched], BATCHED)
     for (rb, _), (rs, _) in zip(batched, serial, strict=True):
         assert rb.live.num_tokens == rs.live.num_tokens
-        assert (rb.live.token_ids == rs.live.token_ids).all() and (rb.live.positions == rs.live.positions).all()
+        assert (rb.live.token_ids == rs.live.token_ids).all() and (
+            rb.live.positions == rs.live.positions
+        ).all()
         for lb, ls in zip(rb.live.cache.layers, rs.live.cache.layers, strict=True):
             assert (lb.keys - ls.keys).abs().max() < 1e-4 and (lb.values - ls.values).abs().max() < 1e-4
 
@@ -157,7 +161,9 @@ def test_max_batch_one_runs_requests_one_at_a_time_in_order(tiny):
 
     def watch(core):
         widths.append(len(core.runner.batch))
-        started.extend(r for r, o in requests if any(isinstance(e, Started) for e in o.events) and r not in started)
+        started.extend(
+            r for r, o in requests if any(isinstance(e, Started) for e in o.events) and r not in started
+        )
 
     run(Stores(tiny), [r for r, _ in requests], SERIAL, between=watch)
     assert max(widths) == 1 and started == [r for r, _ in requests]
