@@ -41,7 +41,9 @@ if TYPE_CHECKING:  # for type checkers and readers; at run time these are import
 _LAZY_NAMES = {  # public name -> the module that defines it
     "load_image": "images",
     **dict.fromkeys(["KVSegment", "PrefillResult", "new_cache", "prefill_span", "segments_to_cache"], "kv"),
-    **dict.fromkeys(["ModelFingerprint", "ModelHandle", "VLProcessor", "load"], "model"),
+    **dict.fromkeys(["ModelFingerprint", "ModelHandle"], "model.handle"),
+    "VLProcessor": "model.processor",
+    "load": "model.load",  # the function, from its module (the package attribute can be the module itself)
     **dict.fromkeys(["Answer", "ImageReuse", "PrefillStats", "Session", "SessionConfig"], "session"),
 }
 _SUBPACKAGES = frozenset(
