@@ -4,9 +4,17 @@ model = mmkv.load("tiny-qwen3-vl")            # or "qwen3-vl-8b", a hub id, a lo
 seg = mmkv.prefill_span(model, ids, positions).segment
 moved = seg.moved_to(seg.start + 161)         # exact M-RoPE re-rotation
 skill = mmkv.text.precompile(model, "Skill: ...")  # text segments; Session.edit changes a field in place
+
+Importing ``mmkv`` loads only its errors: every other name (and subpackage) is imported on first use, so a
+client that needs only ``mmkv.envs`` (the simulated desktop) or ``mmkv.toolcalls`` never imports torch or
+transformers, and the ``mmkv`` command answers ``--help`` and argument errors at once.
 """
 
-from . import mrope, text
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from .errors import (
     EmptyImageError,
     GrammarError,
@@ -22,10 +30,42 @@ from .errors import (
     UnsupportedInputError,
     UnsupportedModelError,
 )
-from .images import load_image
-from .kv import KVSegment, PrefillResult, new_cache, prefill_span, segments_to_cache
-from .model import ModelFingerprint, ModelHandle, VLProcessor, load
-from .session import Answer, ImageReuse, PrefillStats, Session, SessionConfig
+
+if TYPE_CHECKING:  # for type checkers and readers; at run time these are imported on first use
+    from . import mrope, text
+    from .images import load_image
+    from .kv import KVSegment, PrefillResult, new_cache, prefill_span, segments_to_cache
+    from .model import ModelFingerprint, ModelHandle, VLProcessor, load
+    from .session import Answer, ImageReuse, PrefillStats, Session, SessionConfig
+
+_LAZY_NAMES = {  # public name -> the module that defines it
+    "load_image": "images",
+    **dict.fromkeys(["KVSegment", "PrefillResult", "new_cache", "prefill_span", "segments_to_cache"], "kv"),
+    **dict.fromkeys(["ModelFingerprint", "ModelHandle"], "model.handle"),
+    "VLProcessor": "model.processor",
+    "load": "model.load",  # the function, from its module (the package attribute can be the module itself)
+    **dict.fromkeys(["Answer", "ImageReuse", "PrefillStats", "Session", "SessionConfig"], "session"),
+}
+_SUBPACKAGES = frozenset(
+    ["cache", "envs", "kv", "model", "mrope", "prompt", "runtime", "serve", "text", "images", "toolcalls"]
+)
+
+
+def __getattr__(name: str):
+    """A public name or subpackage, imported on first use (then kept as a module attribute)."""
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
+    elif name in _SUBPACKAGES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __version__ = "0.1.0"
 

@@ -8,8 +8,10 @@
 An ``mmkv.MmkvError`` (a missing checkpoint, a store that cannot open, ...) ends the command with its one-line
 message on stderr and exit status 2. ``serve`` checks what it can before the model loads, each a one-line exit 2:
 the flags (a port outside 1-65535, a bound out of range, a value that is not a number), whether it can listen on
-``--host:--port`` (a port in use, an address not of this machine), a ``--model`` path that does not exist, and
-whether every ``--store`` directory can be written.
+``--host:--port`` (a port in use, an address not of this machine), a ``--model`` path that does not exist or a
+name that is no known name and no hub id (with the closest known names), and whether every ``--store``
+directory can be written. ``--help``, the flags' errors and these checks answer before torch and transformers are
+imported (this module imports neither; the bounds check, which needs the server's config, comes last).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import argparse
 import contextlib
 import errno
 import os
-import runpy
 import socket
 import sys
+import types
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -120,9 +122,10 @@ def _is_path(model: str) -> bool:
 
 
 def _preflight(args) -> None:
-    """What ``serve`` can check before loading the model (see the module docstring). Raises ``MmkvError``;
-    creates the store directories (as the store would), nothing else."""
-    from .cache.disk import check_store_directory
+    """What ``serve`` can check before loading the model, without importing torch (see the module docstring).
+    Raises ``MmkvError``; creates the store directories (as the store would), nothing else."""
+    from .cache.directory import check_store_directory
+    from .model.registry import is_hub_id, known_names, unknown_name_message
 
     _can_listen(args.host, args.port)
     model = Path(args.model).expanduser()
@@ -132,6 +135,8 @@ def _preflight(args) -> None:
             f"--model {args.model}: the directory {str(model)!r} {what}; pass a checkpoint directory, a name "
             "from `mmkv info`, or a Hugging Face id"
         )
+    if not (model.is_dir() or is_hub_id(args.model) or args.model.lower() in known_names()):
+        raise MmkvError(unknown_name_message(args.model))
     for entry in args.store:
         if not entry.startswith(_REDIS_SCHEMES):  # Redis may come up later: not required now
             check_store_directory(Path(entry).expanduser())
@@ -200,6 +205,7 @@ def _serve_parser(sub) -> None:
 
 
 def _serve(args) -> None:
+    _preflight(args)  # before torch: the address, --model and the store directories
     from .runtime import TurnPolicy
     from .serve import ServerConfig, serve
 
@@ -240,20 +246,29 @@ def _serve(args) -> None:
         )
     except ValueError as exc:  # a bound out of range: say which, before anything loads
         raise MmkvError(f"serve: {exc}") from None
-    _preflight(args)
     serve(config)
 
 
-def _script(relative: str, argv: list[str]) -> None:
-    """Run one of the checkout's scripts (``app/demo.py``, ``evals/vqa.py``) with ``argv``."""
+def _script(relative: str, argv: list[str], prog: str) -> None:
+    """Run one of the checkout's scripts (``app/demo.py``, ``evals/vqa.py``) with ``argv``, as ``prog`` (its
+    argparse usage and errors say ``mmkv eval``, not ``vqa.py``)."""
     path = REPO / relative
     if not path.is_file():
         raise MmkvError(
             f"{relative} is not here (it ships with the source checkout, not the package): {path}"
         )
-    sys.argv = [str(path), *argv]
+    sys.argv = [prog, *argv]
     sys.path.insert(0, str(REPO))
-    runpy.run_path(str(path), run_name="__main__")
+    # as runpy.run_path(path, run_name="__main__") does, but keeping sys.argv[0] (run_path sets it to the path)
+    module = types.ModuleType("__main__")
+    module.__file__ = str(path)
+    previous = sys.modules.get("__main__")
+    sys.modules["__main__"] = module
+    try:
+        exec(compile(path.read_bytes(), str(path), "exec"), module.__dict__)
+    finally:
+        if previous is not None:
+            sys.modules["__main__"] = previous
 
 
 def _info(args) -> None:
@@ -297,9 +312,9 @@ def main(argv: list[str] | None = None) -> int:
                 parser.error(f"unrecognized arguments: {' '.join(rest)}")
             _serve(args)
         elif args.command == "demo":
-            _script("app/demo.py", rest)
+            _script("app/demo.py", rest, "mmkv demo")
         elif args.command == "eval":
-            _script("evals/vqa.py", rest)
+            _script("evals/vqa.py", rest, "mmkv eval")
         else:
             _info(args)
     except MmkvError as exc:

@@ -14,6 +14,22 @@ message's ``tool_calls``. Worked example::
 Parsing is lenient where a model's free output varies harmlessly (whitespace around the JSON, arguments given as
 a JSON string holding an object) and reports every block it cannot read, with the reason, instead of raising:
 a malformed call in an ``auto`` answer is model output, not a caller's mistake.
+
+Unmatched tags in free output (``parse_tool_calls`` and ``ToolCallStream(trusted=False)`` alike, streamed or
+whole):
+
+- a stray ``</tool_call>`` (no block open) is dropped: it is the template's markup, never prose, and small or
+  agent-tuned models end a turn with one after a tool result (pydantic-ai and openai-agents would otherwise
+  finish their runs with ``'</tool_call>'`` as the final text). Text on either side stays content, set apart as
+  around a block: ``'Done.</tool_call>'`` is content ``'Done.'``, ``'</tool_call>'`` alone no content at all;
+- an unclosed ``<tool_call>`` at the end (the model ended its turn, or a stop string cut the closing tag) is a
+  call when its body reads as one; otherwise (cut inside the JSON by ``max_tokens``) it is reported malformed
+  ("no closing </tool_call>") and the stream gives it out as content, as written, so a cut answer stays visible.
+
+vLLM's hermes parser reads an unclosed final block the same way, but returns a stray closing tag as content when
+the answer has no opening one (and strips tags from text deltas only while streaming); here both paths agree.
+Grammar-made text (``trusted``) is left as written: it holds no stray tags, and a JSON answer's strings may
+contain the tag's characters.
 """
 
 from __future__ import annotations
@@ -131,25 +147,24 @@ def _read_block(body: str) -> FunctionCall | str:
 
 
 def parse_tool_calls(text: str) -> ParsedToolCalls:
-    """Every ``<tool_call>...</tool_call>`` block in ``text``, read as a call or reported as malformed. Never
-    raises; a text without blocks comes back as ``content`` alone. Does not check names or arguments against
-    any tool list (the caller knows the tools)."""
+    """Every ``<tool_call>...</tool_call>`` block in ``text``, read as a call or reported as malformed (an
+    unclosed one at the end is a call when its body reads as one; a stray ``</tool_call>`` is dropped: see the
+    module docstring). Never raises; a text without blocks comes back as ``content`` alone. Does not check names
+    or arguments against any tool list (the caller knows the tools)."""
     calls: list[FunctionCall] = []
     malformed: list[MalformedToolCall] = []
     outside: list[str] = []
     end = 0
     for match in _BLOCK.finditer(text):
-        outside.append(text[end : match.start()])
+        outside += text[end : match.start()].split(TOOL_CALL_CLOSE)  # a stray closing tag is dropped
         end = match.end()
-        if not match.group(2):
-            malformed.append(MalformedToolCall(match.group(0), f"no closing {TOOL_CALL_CLOSE}"))
-            continue
         found = _read_block(match.group(1).strip())
-        if isinstance(found, FunctionCall):
+        if isinstance(found, FunctionCall):  # closed, or unclosed at the end but whole
             calls.append(found)
         else:
-            malformed.append(MalformedToolCall(match.group(0), found))
-    outside.append(text[end:])
+            reason = found if match.group(2) else f"no closing {TOOL_CALL_CLOSE}"
+            malformed.append(MalformedToolCall(match.group(0), reason))
+    outside += text[end:].split(TOOL_CALL_CLOSE)
     content = "\n".join(part.strip() for part in outside if part.strip())
     return ParsedToolCalls(tuple(calls), content, tuple(malformed))
 
@@ -194,7 +209,8 @@ class ToolCallStream:
 
     ``trusted``: the text is known to be well-formed calls (a grammar made it): a call's name goes out as soon as
     it is written and its arguments as they come. Otherwise (``auto``: free output) each block is held until it
-    closes, then read (``parse_tool_calls``' rules): a block that is not a call goes out as content. Whitespace
+    closes, then read (``parse_tool_calls``' rules): a block that is not a call goes out as content, a stray
+    ``</tool_call>`` is dropped, an unclosed block at the end is a call when whole (module docstring). Whitespace
     next to a block, and at the end, is not content.
 
     >>> stream = ToolCallStream(trusted=False)
@@ -218,8 +234,17 @@ class ToolCallStream:
         while True:
             if not self._in_block:
                 at = self._pending.find(TOOL_CALL_OPEN)
+                stray = -1 if self.trusted else self._pending.find(TOOL_CALL_CLOSE)
+                if stray >= 0 and (at < 0 or stray < at):  # a closing tag with no block open: dropped
+                    before = self._pending[:stray].rstrip()
+                    if before.strip():
+                        out.append(self._content(before))
+                    self._pending, self._after_block = self._pending[stray + len(TOOL_CALL_CLOSE) :], True
+                    continue
                 if at < 0:
                     keep = _partial_suffix(self._pending, TOOL_CALL_OPEN)
+                    if not self.trusted:
+                        keep = max(keep, _partial_suffix(self._pending, TOOL_CALL_CLOSE))
                     body = self._pending[: len(self._pending) - keep]
                     sent = body.rstrip()  # trailing whitespace waits: it may precede a block
                     if sent.strip():
@@ -249,7 +274,8 @@ class ToolCallStream:
             self._after_block = True
 
     def finish(self) -> list[StreamPiece]:
-        """The answer ended: what is left (an unclosed block: its arguments so far when trusted, else content)."""
+        """The answer ended: what is left (an unclosed block: its arguments so far when trusted; else a call when
+        its body reads as one, content when not)."""
         out: list[StreamPiece] = []
         if (
             self._in_block and self.trusted and self._head_done
@@ -258,8 +284,11 @@ class ToolCallStream:
             cut = next((k for k in range(len(_TAIL), 0, -1) if pending.endswith(_TAIL[:k])), 0)
             if pending[: len(pending) - cut]:
                 out.append(ArgumentsPiece(self.num_calls - 1, pending[: len(pending) - cut]))
-        elif self._in_block and not self.trusted:
-            out.append(self._content(TOOL_CALL_OPEN + self._pending.rstrip()))
+        elif self._in_block and not self.trusted:  # unclosed: a call when whole, else content as written
+            if isinstance(_read_block(self._pending.strip()), FunctionCall):
+                out += self._read(self._pending)
+            else:
+                out.append(self._content(TOOL_CALL_OPEN + self._pending.rstrip()))
         elif not self._in_block and self._pending.strip():
             out.append(self._content(self._pending.rstrip()))
         self._pending = ""

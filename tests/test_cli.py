@@ -212,3 +212,87 @@ def test_the_command_line_itself_exits_2_with_one_line():
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "mmkv: serve: argument --port: 99999 is not a port number (1-65535)"
     ]
+
+
+# -- answering at once: --help, flag errors and the checks before the model never import torch ----------------
+
+_NO_TORCH_RUNNER = """
+import contextlib, io, json, sys
+from mmkv.cli import main
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    try:
+        status = main(sys.argv[1:])
+    except SystemExit as exc:
+        status = exc.code
+heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
+print(json.dumps({"status": status, "out": out.getvalue(), "err": err.getvalue(), "heavy": heavy}))
+"""
+
+
+def _answer_without_torch(*args: str) -> dict:
+    """``mmkv ARGS`` in a fresh interpreter: its exit status, stdout, stderr and which of torch / transformers
+    it imported."""
+    import json
+
+    done = _run("-c", _NO_TORCH_RUNNER, *args)
+    assert done.returncode == 0, done.stderr[-1500:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize(
+    "args, status, shown",
+    [
+        (["--help"], 0, "usage: mmkv "),
+        (["serve", "--help"], 0, "--max-queue"),
+        (["serve", "--no-such-flag"], 2, "mmkv: unrecognized arguments: --no-such-flag"),
+        (["serve", "--port", "0"], 2, "mmkv: serve: argument --port: 0 is not a port number (1-65535)"),
+        (["serve", "--max-queue", "x"], 2, "argument --max-queue: invalid int value: 'x'"),
+        (["serve", "--model", "qwen3-vl-9b"], 2, "Did you mean qwen3-vl-8b"),
+        (["serve", "--model", "/no/such/dir"], 2, "does not exist"),
+        (["serve", "--store", "/proc/mmkv-cannot-be-here"], 2, "cannot open the store directory"),
+        (["nosuchcommand"], 2, "invalid choice: 'nosuchcommand'"),
+    ],
+)
+def test_help_flag_errors_and_checks_answer_before_torch(args, status, shown):
+    """--help, a flag that does not exist or has a bad value, a mistyped model name, a missing model directory
+    and an unwritable store all answer (exit status and message) without importing torch or transformers."""
+    port = ["--port", str(free_port())] if args[:1] == ["serve"] and "--port" not in args else []
+    answer = _answer_without_torch(*args, *port)
+    assert answer["status"] == status and shown in answer["out"] + answer["err"], answer
+    assert answer["heavy"] == []
+
+
+def test_a_port_in_use_answers_before_torch():
+    """A port another process listens on is found without importing torch."""
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        answer = _answer_without_torch("serve", "--port", str(taken.getsockname()[1]))
+    assert answer["status"] == 2 and "the port is already in use" in answer["err"] and answer["heavy"] == []
+
+
+@pytest.mark.parametrize(
+    "model, close",
+    [("qwen3-vl-9b", "qwen3-vl-8b"), ("small-qwen3vl", "small-qwen3-vl"), ("tiny-qwen3", "tiny-qwen3-vl")],
+)
+def test_a_mistyped_model_name_gets_did_you_mean_and_no_download_advice(model, close):
+    """A name that is neither known nor a hub id (org/name): "did you mean" the closest known names, the known
+    names listed, and no `hf download` advice (there is nothing to download); in Python too."""
+    import mmkv
+
+    answer = _answer_without_torch("serve", "--model", model, "--port", str(free_port()))
+    line = answer["err"].strip()
+    assert answer["status"] == 2 and len(line.splitlines()) == 1
+    assert f"Did you mean {close}" in line and "Known names: " in line and "hf download" not in line
+    with pytest.raises(mmkv.ModelNotFoundError, match=f"Did you mean {close}") as raised:
+        mmkv.load(model)
+    assert "hf download" not in str(raised.value)
+
+
+def test_eval_and_demo_help_name_the_mmkv_command():
+    """mmkv eval --help and mmkv demo --help say `usage: mmkv eval` / `usage: mmkv demo`, not the script's
+    file name."""
+    for command in ("eval", "demo"):
+        done = _run("-m", "mmkv", command, "--help")
+        assert done.returncode == 0 and done.stdout.startswith(f"usage: mmkv {command} "), done.stdout[:200]

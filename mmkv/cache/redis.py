@@ -25,6 +25,7 @@ restarted is a counted error and a miss (or a skipped write); after an error the
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -34,8 +35,7 @@ import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
-import redis
-
+from ..errors import StoreUnavailableError
 from .codec import CorruptEntryError
 
 __all__ = ["CHUNK_BYTES", "DEFAULT_MAX_RECORD_BYTES", "MANIFEST_VERSION", "MAX_CHUNKS", "MAX_MANIFEST_BYTES",
@@ -53,8 +53,26 @@ MAX_CHUNKS = (
 MAX_MANIFEST_BYTES = 4096 + 128 * MAX_CHUNKS  # a manifest's JSON, at most (about 80 bytes per chunk)
 _WRITE_ID = re.compile(r"[0-9a-f]{32}")  # uuid4().hex
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_FAULTS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, redis.exceptions.ResponseError,
-           OSError)  # fmt: skip
+
+
+def _redis():
+    """The redis-py module, imported when a Redis tier is first opened (it is optional: ``pip install redis``,
+    or the ``redis`` extra). Raises ``StoreUnavailableError`` saying so when it is not installed."""
+    try:
+        import redis
+    except ImportError as exc:
+        raise StoreUnavailableError(
+            "a redis:// store needs the redis package, which is not installed: pip install redis "
+            "(or pip install 'mmkv[redis]')"
+        ) from exc
+    return redis
+
+
+@functools.cache
+def _faults() -> tuple[type[BaseException], ...]:
+    """The errors that are storage faults (counted, served as misses), never raised to the caller."""
+    errors = _redis().exceptions
+    return errors.ConnectionError, errors.TimeoutError, errors.ResponseError, OSError
 
 
 class RedisTier:
@@ -84,7 +102,7 @@ class RedisTier:
         self.url = url
         self.ttl_s, self.timeout_s, self.chunk_bytes, self.retry_s = ttl_s, timeout_s, chunk_bytes, retry_s
         self.max_record_bytes = max_record_bytes  # records over this are not written, and refused on read
-        self._client = redis.Redis.from_url(
+        self._client = _redis().Redis.from_url(
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, retry_on_timeout=False,
             health_check_interval=0,
         )  # fmt: skip
@@ -132,7 +150,7 @@ class RedisTier:
             logger.warning("mmkv cache: dropping corrupt redis entry %s: %s", key, exc)
             self.delete(key)
             return None
-        except _FAULTS as exc:
+        except _faults() as exc:
             self.read_errors += 1
             self._fault("read", exc)
             return None
@@ -207,7 +225,7 @@ class RedisTier:
             return False
         try:
             return bool(self._client.exists(self._base(key) + ":manifest"))
-        except _FAULTS as exc:
+        except _faults() as exc:
             self.read_errors += 1
             self._fault("exists", exc)
             return False
@@ -248,7 +266,7 @@ class RedisTier:
             )  # last: the record is now whole
             if old is not None:
                 self._unlink(self._chunk_names(base, old, keep=write))
-        except _FAULTS as exc:
+        except _faults() as exc:
             self.write_errors += 1
             self._fault("write", exc)
             return False
@@ -287,7 +305,7 @@ class RedisTier:
                 raw, names = b"", []
             self._unlink([base + ":manifest", *names])
             return raw is not None
-        except _FAULTS as exc:
+        except _faults() as exc:
             self._fault("delete", exc)
             return False
 
@@ -304,7 +322,7 @@ class RedisTier:
                     batch = []
             if batch:
                 self._client.unlink(*batch)
-        except _FAULTS as exc:
+        except _faults() as exc:
             self._fault("clear", exc)
 
     def close(self) -> None:
@@ -316,7 +334,7 @@ class RedisTier:
             return 0
         try:
             return int(self._client.info("memory").get("used_memory", 0))
-        except _FAULTS:
+        except _faults():
             return 0
 
     def __len__(self) -> int:
@@ -325,14 +343,14 @@ class RedisTier:
             return 0
         try:
             return sum(1 for _ in self._client.scan_iter(match="mmkv:*:manifest", count=1000))
-        except _FAULTS:
+        except _faults():
             return 0
 
 
 def _string_reply(reply, what: str) -> bytes | None:
     """A pipeline reply that should be a string (or nil): a WRONGTYPE error is a corrupt entry, any other error
     a fault (re-raised)."""
-    if isinstance(reply, redis.exceptions.ResponseError) and str(reply).startswith("WRONGTYPE"):
+    if isinstance(reply, _redis().exceptions.ResponseError) and str(reply).startswith("WRONGTYPE"):
         raise CorruptEntryError(f"the {what} key holds another type than a string")
     if isinstance(reply, Exception):
         raise reply

@@ -97,7 +97,8 @@ class TieredStore(Generic[V]):
         directory is a disk tier (up to about ``disk_max_bytes``; default the smaller of 16 GiB and 90% of the
         disk's free space), a ``redis://`` / ``rediss://`` URL a Redis tier (entries expire after
         ``redis_ttl_s`` when set; every Redis call bounded by ``redis_timeout_s``). Raises
-        ``StoreUnavailableError`` when a directory cannot be opened; once open, storage faults never raise
+        ``StoreUnavailableError`` when a directory cannot be opened, or for a Redis URL without the optional
+        ``redis`` package (the message says ``pip install redis``); once open, storage faults never raise
         (they are counted), and an unreachable Redis is a counted miss."""
         entries = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
         self._memory: MemoryTier[V] = MemoryTier(max_bytes)

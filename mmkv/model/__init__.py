@@ -1,10 +1,47 @@
-"""Loading models: aliases, family detection, the image-only processor, tiny test models, the handle."""
+"""Loading models: aliases, family detection, the image-only processor, tiny test models, the handle.
 
-from .handle import FAMILIES, FamilySpec, ModelFingerprint, ModelHandle, model_fingerprint
-from .load import load, resolve_checkpoint
-from .processor import ImageInputs, VLProcessor
+The registry's names (``ALIASES``, ``SHIPPED``, ``TINY``) import nothing heavy; the rest (torch, transformers)
+is imported on first use, so the ``mmkv`` command can check a model name before torch loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from .registry import ALIASES, SHIPPED, TINY
-from .tiny import build_tiny
+
+if TYPE_CHECKING:  # imported on first use
+    from .handle import FAMILIES, FamilySpec, ModelFingerprint, ModelHandle, model_fingerprint
+    from .load import load, resolve_checkpoint
+    from .processor import ImageInputs, VLProcessor
+    from .tiny import build_tiny
+
+_LAZY_NAMES = {  # public name -> the module that defines it
+    **dict.fromkeys(
+        ["FAMILIES", "FamilySpec", "ModelFingerprint", "ModelHandle", "model_fingerprint"], "handle"
+    ),
+    # "load" names both the function and its module: reading mmkv.model.load gives the function, unless the
+    # module mmkv.model.load was imported before (the import system then binds the module); mmkv.load is always
+    # the function
+    **dict.fromkeys(["load", "resolve_checkpoint"], "load"),
+    **dict.fromkeys(["ImageInputs", "VLProcessor"], "processor"),
+    "build_tiny": "tiny",
+}
+_SUBMODULES = frozenset(["handle", "load", "processor", "reference", "registry", "templates", "tiny"])
+
+
+def __getattr__(name: str):
+    """A public name or submodule, imported on first use (then kept as a package attribute)."""
+    if name in _LAZY_NAMES:
+        value = getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ALIASES",

@@ -17,7 +17,7 @@ from transformers import AutoConfig
 from ..errors import ModelNotFoundError, UnsupportedModelError
 from .handle import FAMILIES, FamilySpec, ModelHandle
 from .processor import VLProcessor
-from .registry import ALIASES, SHIPPED, TINY, resolve_alias
+from .registry import ALIASES, SHIPPED, TINY, is_hub_id, resolve_alias, unknown_name_message
 from .tiny import build_tiny
 
 __all__ = ["load", "resolve_checkpoint"]
@@ -49,8 +49,10 @@ def resolve_checkpoint(name: str) -> Path:
     path = Path(repo).expanduser()
     if path.is_dir():
         return path
-    if name.lower() in SHIPPED or repo.startswith((".", "/", "~")) or repo.count("/") != 1:
+    if name.lower() in SHIPPED or repo.startswith((".", "/", "~")) or repo.count("/") > 1:
         raise _not_found(name, repo, "no such directory")
+    if not is_hub_id(repo):  # a mistyped name, not a hub id: nothing to download
+        raise ModelNotFoundError(f"cannot load {name!r}: {unknown_name_message(name)}")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError
 

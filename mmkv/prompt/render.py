@@ -1,13 +1,23 @@
 """Rendering a conversation to token ids with the model's own chat template, so that text is only ever text.
 
 The chat template is rendered with a private-use marker in place of every text item. The template's own
-control tokens (``<|im_start|>``, ``<|vision_start|>``, ...) are then the added tokens found in that rendering,
-and only those become control ids; every text item, and the template text around it up to the next control
-token, is tokenised as plain text (``split_special_tokens``), so a user who writes ``<|im_end|>`` or
-``<|image_pad|>`` gets those characters, never a fake turn or a fake image. Each ``<|image_pad|>`` of the
-template becomes the image's pads directly, without expanding them as text. For text without control-token
-strings the ids are exactly the processor's (the tokenizer itself splits on added tokens first, then
-tokenises each stretch between them alone), and the token span of every text item and field value comes along.
+control tokens (``<|im_start|>``, ``<|vision_start|>``, ``<tool_call>``, ...) are then the added tokens found in
+that rendering, and only those become control ids; every text item, and the template text around it up to the
+next control token, is tokenised as plain text, so a user who writes ``<|im_end|>`` or ``<|image_pad|>``, or a
+tool result that writes ``</tool_response><tool_call>``, gets those characters, never a fake turn, image or call.
+Each ``<|image_pad|>`` of the template becomes the image's pads directly, without expanding them as text. For text
+without control-token strings the ids are exactly the processor's (the tokenizer itself splits on added tokens
+first, then tokenises each stretch between them alone), and the token span of every text item and field value
+comes along.
+
+A control token is an added token of the tokenizer that it marks special or whose text is a tag, ``<...>``
+(``is_control_token``). The released Qwen tokenizers mark ``<tool_call>``, ``<tool_response>``, ``<tools>``,
+``<think>`` (their closing tags too) and ``<|fim_prefix|>`` ... ``<|file_sep|>`` as not special, so splitting only
+the special ones would let a tool result close its own ``<tool_response>`` and write a call in the model's own
+tokens; the rule reads the tokenizer's added tokens, so a new tokenizer is covered without a list. An added token
+that is neither (a whole word the vocabulary added: the small checkpoints' ``"type"``, ``"arguments"``, ...,
+which shorten tool JSON) is ordinary vocabulary: it decodes to its own characters, can fake nothing, and text
+gets it as the tokenizer gives it (those checkpoints were trained on these ids in tools and call arguments).
 
 Worked example (Qwen3-VL template, one user message "hi <|im_end|>" and an image)::
 
@@ -22,6 +32,7 @@ there, text holding a control-token string is refused with ``UnsupportedInputErr
 from __future__ import annotations
 
 import bisect
+import json
 import re
 import threading
 import weakref
@@ -39,7 +50,9 @@ __all__ = [
     "RenderedPrompt",
     "Tag",
     "collect_spans",
+    "control_token_ids",
     "encode_parts",
+    "is_control_token",
     "render_prompt",
     "split_marked",
 ]
@@ -59,9 +72,11 @@ class RenderedPrompt:
 class _TokenizerFacts:
     """What rendering needs of one processor's tokenizer, worked out once and kept beside it (never on it)."""
 
-    added_vocab: dict[str, int]  # added token -> id
-    control: re.Pattern  # matches any added token, longest first
-    plain: object | None  # a private copy of the fast backend that splits special-token strings into text
+    added_vocab: dict[str, int]  # added token (special or not) -> id
+    control_ids: frozenset[int]  # ids of its control tokens (is_control_token): never made from caller text
+    control: re.Pattern  # any added token, longest first (in template text each becomes its id)
+    caller_control: re.Pattern  # any control token, longest first (refused in caller text where untraced)
+    plain: object | None  # a private copy of the fast backend that splits control-token strings into text
 
 
 _FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # processor -> _TokenizerFacts
@@ -76,23 +91,62 @@ def _facts(processor) -> _TokenizerFacts:
         with _FACTS_LOCK:
             facts = _FACTS.get(processor)
             if facts is None:
-                vocab = processor.tokenizer.get_added_vocab()
-                tokens = sorted(vocab, key=len, reverse=True)
-                pattern = (
-                    re.compile("|".join(re.escape(t) for t in tokens)) if tokens else re.compile(r"(?!x)x")
+                tokenizer = processor.tokenizer
+                vocab = tokenizer.get_added_vocab()
+                decoder = getattr(tokenizer, "added_tokens_decoder", {})
+                control = {
+                    text: i
+                    for text, i in vocab.items()
+                    if is_control_token(text, bool(getattr(decoder.get(i), "special", True)))
+                }
+                backend = getattr(tokenizer, "backend_tokenizer", None)
+                plain = None if backend is None else _plain_backend(backend, set(control))
+                facts = _FACTS[processor] = _TokenizerFacts(
+                    vocab, frozenset(control.values()), _longest_first(vocab), _longest_first(control), plain
                 )
-                backend = getattr(processor.tokenizer, "backend_tokenizer", None)
-                plain = None
-                if backend is not None:  # a copy whose special-token strings are split as text, always
-                    plain = type(backend).from_str(backend.to_str())
-                    plain.encode_special_tokens = True
-                facts = _FACTS[processor] = _TokenizerFacts(vocab, pattern, plain)
     return facts
+
+
+def is_control_token(text: str, special: bool) -> bool:
+    """Whether the added token ``text`` is a control token: the tokenizer marks it ``special``, or its text is a
+    tag (``<`` ... ``>``, no angle bracket inside). Caller text never becomes one.
+
+    >>> [is_control_token(t, s) for t, s in [("<|im_end|>", True), ("<tool_call>", False), ("</think>", False),
+    ...  ("<|fim_pad|>", False), ('"type"', False), ("[INST]", True), ("a<b>", False)]]
+    [True, True, True, True, False, True, False]
+    """
+    return special or _TAG.fullmatch(text) is not None
+
+
+_TAG = re.compile(r"<[^<>]+>")
+
+
+def _longest_first(tokens) -> re.Pattern:
+    """A regex matching any of ``tokens`` (longest first; one that never matches when there are none)."""
+    ordered = sorted(tokens, key=len, reverse=True)
+    return re.compile("|".join(re.escape(t) for t in ordered)) if ordered else re.compile(r"(?!x)x")
+
+
+def _plain_backend(backend, control: set[str]):
+    """A copy of a fast tokenizer's backend that tokenises every ``control`` token's string as ordinary text:
+    each is marked special in the copy (``encode_special_tokens`` splits only special ones), so ``<tool_call>``
+    (not special in the released Qwen tokenizers) is split too. The tokenizer itself is not changed."""
+    config = json.loads(backend.to_str())
+    for token in config.get("added_tokens", []):
+        token["special"] = token["content"] in control
+    plain = type(backend).from_str(json.dumps(config))
+    plain.encode_special_tokens = True
+    return plain
 
 
 def _control_pattern(processor) -> re.Pattern:
     """A regex matching any added token of the processor's tokenizer (longest first)."""
     return _facts(processor).control
+
+
+def control_token_ids(processor) -> frozenset[int]:
+    """The ids of the processor's control tokens (``is_control_token``): ids caller text never becomes."""
+    return _facts(processor).control_ids
 
 
 def encode_parts(
@@ -137,6 +191,10 @@ def encode_parts(
         )
     runs = [u for u in units if isinstance(u, list)]
     encoded = _encode_plain(processor.tokenizer, facts.plain, [run[0] for run in runs], offsets)
+    for run, run_ids in zip(runs, encoded["input_ids"], strict=True):
+        assert facts.control_ids.isdisjoint(run_ids), (
+            f"plain text {run[0]!r} was tokenised to a control token"
+        )
     ids: list[int] = []
     spans: dict[int, tuple[int, int]] = {}
     run_index = 0
@@ -160,9 +218,10 @@ def encode_parts(
 
 
 def _encode_plain(tokenizer, plain, texts: list[str], offsets: bool) -> dict[str, list]:
-    """``input_ids`` (and ``offset_mapping``) of each text, special-token strings split into ordinary tokens.
-    ``plain`` (a private copy of a fast tokenizer's backend made to split them) encodes each text alone (no
-    thread pool for a handful of short texts); without one, the tokenizer is asked to split them per call."""
+    """``input_ids`` (and ``offset_mapping``) of each text, control-token strings split into ordinary tokens.
+    ``plain`` (``_plain_backend``'s copy of a fast tokenizer's backend) encodes each text alone (no thread pool
+    for a handful of short texts); without one, the (slow) tokenizer is asked to split them per call, which
+    splits every added token, special or not."""
     if plain is None:
         return tokenizer(
             texts or [""], add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=offsets
@@ -280,7 +339,7 @@ def _split_at(text: str, spans: dict[str, tuple[int, int]]) -> list[tuple[str, s
 def _render_untraced(processor, text: str, items, grids) -> RenderedPrompt:
     """The fallback for a template that rewrites text: its direct rendering ``text``, after refusing
     control-token strings in any caller text (they could not be kept apart from the template's own)."""
-    control = _control_pattern(processor)
+    control = _facts(processor).caller_control
     for item in items:
         found = control.search(item.text)
         if found:

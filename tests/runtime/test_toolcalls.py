@@ -107,7 +107,7 @@ def test_malformed_blocks_are_reported(body, reason):
 
 
 def test_an_unclosed_block_is_reported():
-    """A block cut off before </tool_call> (max_tokens) is malformed, not dropped silently."""
+    """A block cut off inside its JSON before </tool_call> (max_tokens) is malformed, not dropped silently."""
     parsed = parse_tool_calls('Hi <tool_call>\n{"name": "a", "arguments": {"x"')
     assert parsed.calls == () and parsed.content == "Hi"
     assert parsed.malformed == (
@@ -132,6 +132,12 @@ STREAM_CASES = [
     ('<tool_call>\nnot json\n</tool_call> after', False),
     ('text <tool_call>\n{"name": "cut", "arguments": {"a": ', False),
     ('<tool_call>\n{"name": "cut", "arguments": {"a": 1', True),
+    ("</tool_call>", False),
+    ('Done. </tool_call>\n', False),
+    ('a</tool_call>b</tool_call></tool_call>', False),
+    ('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n</tool_call>', False),
+    ('<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n', False),
+    ('I will. <tool_call>{"name": "a", "arguments": {}}', False),
 ]  # fmt: skip
 
 
@@ -188,3 +194,46 @@ def test_trusted_calls_stream_their_arguments_as_written():
     content, calls = _assemble(stream.feed(STREAM_CASES[1][0]) + stream.finish())
     assert content == "Sure." and calls == [("a", "{}"), ("b", '{"x": [1, {"y": "}\\n</tool"}]}')]
     assert json.loads(calls[1][1]) == {"x": [1, {"y": "}\n</tool"}]}
+
+
+# (text, content, calls): what a free-output answer with unmatched tags comes to, streamed and whole
+UNMATCHED = [
+    ("</tool_call>", "", []),
+    ("Done.</tool_call>", "Done.", []),
+    ("Done. </tool_call>\n", "Done.", []),
+    ("</tool_call></tool_call>", "", []),
+    ("a </tool_call> b", "a\nb", []),
+    ('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n</tool_call>', "", [("a", "{}")]),
+    ('</tool_call> <tool_call>{"name": "a", "arguments": {"x": 1}}</tool_call>', "", [("a", '{"x": 1}')]),
+    ('<tool_call>\n{"name": "a", "arguments": {"x": 1}}', "", [("a", '{"x": 1}')]),
+    ('I will. <tool_call>\n{"name": "a", "arguments": {}}\n\n', "I will.", [("a", "{}")]),
+]
+
+
+@pytest.mark.parametrize("text, content, calls", UNMATCHED)
+def test_unmatched_tags_in_free_output(text, content, calls):
+    """A stray </tool_call> is dropped (the text around it is content) and an unclosed block at the end that
+    reads as a call is one: the same for parse_tool_calls and for ToolCallStream, fed whole or a character at
+    a time."""
+    parsed = parse_tool_calls(text)
+    assert parsed.content == content and parsed.malformed == ()
+    assert [(c.name, c.arguments_json) for c in parsed.calls] == calls
+    whole = ToolCallStream(trusted=False)
+    assert _assemble(whole.feed(text) + whole.finish()) == (content, calls)
+    stream = ToolCallStream(trusted=False)
+    pieces = [p for ch in text for p in stream.feed(ch)] + stream.finish()
+    assert _assemble(pieces) == (content, calls)
+
+
+def test_an_unclosed_block_cut_inside_its_json_streams_as_content():
+    """Cut by max_tokens inside the JSON, an unclosed block is no call: the stream gives it out as written."""
+    stream = ToolCallStream(trusted=False)
+    text = 'Hi <tool_call>\n{"name": "a", "arguments": {"x"'
+    assert _assemble(stream.feed(text) + stream.finish()) == ("Hi" + text[3:], [])
+
+
+def test_grammar_made_text_keeps_the_tags_characters():
+    """Trusted (grammar-made) content is left as written: a JSON answer's string may hold '</tool_call>'."""
+    stream = ToolCallStream(trusted=True)
+    text = '{"note": "</tool_call>"}'
+    assert _assemble(stream.feed(text) + stream.finish()) == (text, [])
