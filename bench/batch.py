@@ -53,13 +53,16 @@ def _sync(handle) -> None:
 
 
 def _requests(handle, size: int, context: int, tokens: int, salt: int) -> list[Request]:
-    """``size`` requests whose prompts are ~``context`` tokens of distinct text (lengths differ by a few)."""
+    """``size`` requests whose prompts are ~``context`` tokens of distinct text (the headroom arm's length)."""
     layouts = LayoutBuilder(handle)
     options = DecodeOptions(tokens, rules=LogitRules(logit_bias=((end_of_turn_id(handle), -100.0),)))
+    probe = Conversation()
+    probe.add_text(" ".join(f"w{salt}x0x{i}" for i in range(100)), "user")
+    per_word = layouts.build(probe, add_generation_prompt=True).num_tokens / 100  # tokens a word takes (about)
     made = []
     for k in range(size):
         conversation = Conversation()
-        words = " ".join(f"w{salt}x{k}x{i}" for i in range(context // 4 + k))
+        words = " ".join(f"w{salt}x{k}x{i}" for i in range(int(context / per_word)))
         conversation.add_text(words, "user")
         layout = layouts.build(conversation, add_generation_prompt=True)
         made.append(

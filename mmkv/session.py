@@ -21,7 +21,7 @@ from .cache import EncoderStore, ImageDigest, KVStore
 from .cache.memory import MemoryTier
 from .config import SessionConfig, check_int, check_question, check_sampling, check_stores
 from .conversation import Conversation, ConversationImage, ToolCall
-from .engine import Delta, Done, EngineConfig, EngineCore, Failed, First, Request
+from .engine import Delta, Done, First, Request, run_alone
 from .images import ImageSource
 from .kv import KVSegment
 from .kv.vision import ImageFeatures
@@ -47,8 +47,6 @@ from .runtime import (
 from .runtime.grammar import GrammarSpec, constraint_for
 
 __all__ = ["Answer", "ImageReuse", "PrefillStats", "ReusePolicy", "Session", "SessionConfig"]
-
-_SESSION_ENGINE = EngineConfig(max_batch=1, prefill_chunk=None, max_waiting=1)  # one sequence, one forward call
 
 
 def _exclusive(method):
@@ -190,29 +188,19 @@ class Session:
         return self._turn(question, options, constraint)
 
     def _turn(self, question: str | None, options: DecodeOptions, constraint) -> Iterator[str]:
-        """One turn as the server runs it: the session's one sequence through an ``EngineCore`` of its own
-        (``mmkv.engine``: the prefill with its splices and repairs, then decode steps), over the session's live
-        cache. Yields the answer's text as it comes; records the turn once it ends."""
+        """One turn as the server runs it: the session's one sequence through an engine of its own
+        (``mmkv.engine.run_alone``) over the session's live cache; records the turn once it ends."""
         with self._lock:
             layout, history_start = self._layout(question, True, self.config.policy)  # 1. lay out
-            events: list = []
-            request = Request(layout, self.conversation.images, self.config.policy, options, events.append,
+            request = Request(layout, self.conversation.images, self.config.policy, options, lambda _: None,
                               constraint, live=self.live)  # fmt: skip
-            core = EngineCore(self.handle, _SESSION_ENGINE, self._sources)
-            core.add(request)
-            answer = None
-            while not request.is_finished:  # 2-6. matching prefix, plan, execute, store writes, decode
-                core.step()
-                for event in events:
-                    if isinstance(event, Failed):
-                        raise event.error
-                    if isinstance(event, First):
-                        self.last_prefill = event.stats
-                    elif isinstance(event, Delta) and event.step.delta:
-                        yield event.step.delta
-                    elif isinstance(event, Done):
-                        answer = event.answer
-                events.clear()
+            for event in run_alone(self.handle, request, self._sources):  # 2-6. prefill, decode
+                if isinstance(event, First):
+                    self.last_prefill = event.stats
+                elif isinstance(event, Delta) and event.step.delta:
+                    yield event.step.delta
+                elif isinstance(event, Done):
+                    answer = event.answer
             self.history_start = history_start
             if question is not None:
                 self.conversation.add_text(question, "user")
@@ -267,11 +255,8 @@ class Session:
         )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ the turn
-    def _layout(
-        self, question: str | None, add_generation_prompt: bool, policy
-    ) -> tuple[PromptLayout, int]:
-        """Step 1 of a turn: the prompt's layout within ``max_prompt_tokens`` (spans traced only when precompiled
-        segments may be spliced) and the history start it needs. Changes nothing."""
+    def _layout(self, question: str | None, add_generation_prompt: bool, policy) -> tuple[PromptLayout, int]:
+        """Step 1: the layout within ``max_prompt_tokens`` (traced if segments may splice), its history start."""
         trace = policy.reuse == "kv" and self.conversation.has_segments()
         return self.layouts.build_within(
             self.config.max_prompt_tokens, self.conversation, question=question, trace=trace,
@@ -286,11 +271,9 @@ class Session:
         started = time.perf_counter()
         policy = self.config.policy if reuse is None else replace(self.config.policy, reuse=reuse)
         layout, self.history_start = self._layout(question, add_generation_prompt, policy)  # 1. lay out
-        # 2-5. matching prefix, plan, execute, store writes
-        images, sources = self.conversation.images, self._sources(policy.reuse)
-        logits, stats = run_turn(self.handle, self.live, layout, images, sources, policy, started)
-        self.last_prefill = stats
-        return logits, stats
+        logits, self.last_prefill = run_turn(self.handle, self.live, layout, self.conversation.images,
+                                             self._sources(policy.reuse), policy, started)  # 2-5.  # fmt: skip
+        return logits, self.last_prefill
 
     # ----------------------------------------------------------------------- the edit protocol (mmkv.text.edit)
     @_exclusive

@@ -7,13 +7,14 @@ thread steps one core for every request; a ``Session`` steps its own for its one
 """
 
 from .batch import DecodeBatch
-from .core import EngineCore
+from .core import ALONE, EngineCore, run_alone
 from .events import Delta, Done, Event, Failed, First, Started
 from .request import Request, Status
 from .runner import ModelRunner
 from .scheduler import EngineConfig, QueueFull, Scheduler, StepPlan
 
 __all__ = [
+    "ALONE",
     "DecodeBatch",
     "Delta",
     "Done",
@@ -29,4 +30,5 @@ __all__ = [
     "Started",
     "Status",
     "StepPlan",
+    "run_alone",
 ]

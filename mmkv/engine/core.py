@@ -22,7 +22,7 @@ Not thread-safe except ``add`` and ``withdraw``: one thread steps it (the server
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -35,7 +35,9 @@ from .request import Request
 from .runner import ModelRunner
 from .scheduler import EngineConfig, Scheduler, StepPlan
 
-__all__ = ["EngineCore"]
+__all__ = ["ALONE", "EngineCore", "run_alone"]
+
+ALONE = EngineConfig(max_batch=1, prefill_chunk=None, max_waiting=1)  # one sequence, one prefill call
 
 
 class EngineCore:
@@ -194,3 +196,22 @@ class EngineCore:
             if check_in and request.live.num_tokens:
                 self.pool.checkin(request.live)
         finished.append(request)
+
+
+def run_alone(
+    handle: ModelHandle, request: Request, sources: Callable[[ReusePolicy], TurnSources]
+) -> Iterator[Delta | Done | First | Started]:
+    """``request`` (bringing its own live cache) through an engine of its own (``ALONE``), its events as they
+    come (a ``Session``'s turn); a ``Failed`` event is raised as its error instead. Stops when it finishes;
+    closed early, the request is simply dropped (its live cache holds its prompt, consistent)."""
+    events: list = []
+    request.emit = events.append
+    core = EngineCore(handle, ALONE, sources)
+    core.add(request)
+    while not request.is_finished:
+        core.step()
+        for event in events:
+            if isinstance(event, Failed):
+                raise event.error
+            yield event
+        events.clear()
