@@ -29,9 +29,10 @@ from pathlib import Path
 from PIL import Image
 
 import mmkv
-from mmkv import Answer, MmkvError, ModelHandle, Session, SessionConfig
+from mmkv import Answer, MmkvError, ModelHandle, PrefillStats, Session, SessionConfig
 from mmkv.cache import EncoderStore, KVStore
-from mmkv.images import DEFAULT_MAX_PIXELS, load_image
+from mmkv.images import DEFAULT_MAX_PIXELS, ImageSource, load_image
+from mmkv.messages import ToolCall
 from mmkv.model.registry import SHIPPED_DIR
 from mmkv.session import ReusePolicy
 
@@ -41,6 +42,7 @@ __all__ = [
     "ChatState",
     "DemoBackend",
     "EmptyMessageError",
+    "NoReuseTwin",
     "TurnRecord",
     "TurnSettings",
     "default_model",
@@ -295,4 +297,44 @@ def _cold_ttft(session: Session, question: str) -> float:
     return time.perf_counter() - started
 
 
-# ------------------------------------------------------------------------------------------------ display
+class NoReuseTwin:
+    """A ``reuse="none"`` session kept in step with another one (every message added to both), so that each turn
+    can also be timed as it costs without reuse: the twin keeps its own live prefix (what a plain engine's
+    prefix cache keeps) and never reads or writes the stores, so the shared stores and the other session are
+    untouched. Example::
+
+        twin = NoReuseTwin(handle, window=3, tools=tools)
+        twin.add_text(policy, role="system")       # ... the same calls as on the session it follows
+        stats = twin.prefill()                      # before the session's turn: what "none" pays for it
+        twin.add_tool_calls(answer.tool_calls)      # after it: the session's answer, then the tool result
+
+    ``prefill`` times bringing the twin's live cache up to the conversation as it stands: the prompt of the
+    next turn without the generation prompt's few tokens (``PrefillStats.seconds``, the same clock as a turn's
+    time to first token). Not thread-safe beyond ``Session``'s own lock; the demo holds the backend's lock.
+    """
+
+    def __init__(
+        self, handle: ModelHandle, *, window: int | None, tools: Sequence[dict] | None = None
+    ) -> None:
+        self.session = Session(handle, reuse="none", window=window, tools=tools)  # private (unused) stores
+
+    def add_text(self, text: str, role: str = "user") -> None:
+        """``Session.add_text`` on the twin."""
+        self.session.add_text(text, role=role)
+
+    def add_image(self, image: ImageSource) -> None:
+        """``Session.add_image`` on the twin (preprocessed now, as the followed session does, not in the timing)."""
+        self.session.add_image(image)
+
+    def add_tool_calls(self, calls: Sequence[ToolCall]) -> None:
+        """The followed session's answer (its tool calls) as the twin's assistant message."""
+        self.session.add_tool_calls(calls)
+
+    def add_tool_result(self, tool_call_id: str, text: str, images: Sequence[ImageSource] = ()) -> None:
+        """``Session.add_tool_result`` on the twin."""
+        self.session.add_tool_result(tool_call_id, text, images)
+
+    def prefill(self) -> PrefillStats:
+        """Bring the twin's live cache up to its conversation, everything not in its live prefix computed (no
+        stores); returns what it took (``seconds``: 0.0 when nothing was new)."""
+        return self.session.prefill()
