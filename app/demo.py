@@ -241,7 +241,8 @@ def build_demo(backend: DemoBackend | None = None) -> gr.Blocks:
                     with gr.Column(scale=3):
                         screen = gr.Image(label="The app's screen now", type="pil", interactive=False, height=300,
                                           elem_id="screen")  # fmt: skip
-                        episode_log = gr.Markdown(format_episode_log([]), elem_id="episode-log")
+                        episode_plot = gr.Plot(episode_ttft_figure([]), format="png", show_label=False,
+                                               elem_id="episode-ttft-plot")  # fmt: skip
                     with gr.Column(scale=2):
                         seed = gr.Number(DEMO_EPISODE_SEED, precision=0, label="Episode seed (held-out pictures)",
                                          elem_id="episode-seed")  # fmt: skip
@@ -258,8 +259,8 @@ def build_demo(backend: DemoBackend | None = None) -> gr.Blocks:
                         screens = gr.Gallery(
                             label="Screenshots so far", columns=4, height=220, elem_id="episode-screens"
                         )
-                        episode_plot = gr.Plot(episode_ttft_figure([]), format="png", show_label=False,
-                                               elem_id="episode-ttft-plot")  # fmt: skip
+                # full width below: the step table has 10 columns
+                episode_log = gr.Markdown(format_episode_log([]), elem_id="episode-log")
             with gr.Tab("Chat", elem_id="chat-tab"):
                 with gr.Row():
                     with gr.Column(scale=3):
