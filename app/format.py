@@ -203,7 +203,9 @@ def episode_ttft_figure(steps: Sequence[AgentStep]) -> Figure:
         axes.bar([n + width / 2 for n in numbers], [p.none_ms for p in points], width, color="grey",
                  label="none (no reuse, same prompt)")  # fmt: skip
         axes.set_xticks(numbers, [f"{p.step}\n{p.reuse}" for p in points])
-        axes.legend(loc="best")
+        tallest = max(max(p.reuse_ms, p.none_ms) for p in points) or 1.0
+        axes.set_ylim(0, 1.3 * tallest)  # room for the legend above the bars
+        axes.legend(loc="upper left", fontsize="small", ncols=2)
     else:
         axes.text(0.5, 0.5, "no steps yet", ha="center", va="center", transform=axes.transAxes)
         axes.set_xticks([])
