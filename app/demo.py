@@ -2,8 +2,12 @@
 
 **Agent episode** (the first tab): an episode of the simulated ticket desk (``mmkv.envs.DesktopApp``) driven by
 the model through tool calls (``app/episode.py``): per step the app's screenshot, the model's call, whether it
-was the right one, the time to first token and where each screenshot's KV came from (kept in the live prefix, a
-cache hit in the store once the window of screenshots slid, or computed). Step through it or run it.
+was the right one, the tool's result, the time to first token and where each screenshot's KV came from (kept in
+the live prefix, a cache hit in the store once the window of screenshots slid, or computed), charted against
+what the same prompt takes without reuse (a ``reuse="none"`` twin of the conversation, timed before each step).
+The policy panel shows the account_role in force (a dialog's close can sign the agent in again as another). Step
+through it or run it; a reuse policy chosen mid-episode applies from the next step (its row says so), and a
+Step after the end says so and changes nothing.
 
 **Chat** (the second tab): a multimodal chat over one ``mmkv.Session`` per browser session that shows, for every
 turn, which images were cache hits and from which tier, the time to first token with reuse and, on request, the
@@ -22,7 +26,7 @@ Python::
 
     from app.demo import build_demo
     from app.backend import DemoBackend
-    build_demo(DemoBackend("tiny-qwen3-vl")).launch()
+    build_demo(DemoBackend("tiny-qwen3-vl")).launch(css=CSS)
 
 The handlers are thin: the chat state lives in ``app/backend.py``, the episode in ``app/episode.py``, the reports
 and the plot in ``app/format.py``, all KV work in ``mmkv``.
@@ -47,7 +51,10 @@ from app.backend import POLICIES, ChatState, DemoBackend, EmptyMessageError, Tur
 from app.episode import EpisodeRun, EpisodeSettings  # noqa: E402
 from app.format import (  # noqa: E402
     display_text,
+    episode_over_message,
+    episode_ttft_figure,
     format_episode_log,
+    format_episode_policy,
     format_episode_status,
     format_stats,
     format_turn_log,
@@ -75,6 +82,12 @@ RESET_FILE_INPUT_JS = """() => {
         }
     }, true);
 }"""
+
+# Tables wrap at spaces only (Gradio's prose tables may break inside a word, e.g. "TT-FT" in a narrow header).
+CSS = """
+#episode-log table th, #episode-log table td { word-break: normal; overflow-wrap: normal; hyphens: none; }
+#episode-log table th { white-space: normal; vertical-align: bottom; }
+"""
 
 INTRO = """# mmkv: never pay twice for the same picture
 **Agent episode**: the model acts on a simulated ticket desk through tool calls (click, fill, escalate); each
@@ -167,12 +180,11 @@ def show_stats(chat: ChatState) -> str:
 
 
 def episode_outputs(run: EpisodeRun) -> tuple:
-    """The episode tab's outputs: the screen now, the step table, the status line, the policy, the screenshots
-    so far, and the stores' statistics."""
+    """The episode tab's outputs: the screen now, the step table, the status line, the policy in force, the
+    screenshots so far, the stores' statistics and the TTFT chart (with reuse and without, per step)."""
     shots = [] if not run.started else [run.first_screenshot, *(step.screenshot for step in run.steps)]
-    policy = f"**Policy (system message):** {run.app.policy}" if run.started else ""
-    return (run.screenshot, format_episode_log(run.steps), format_episode_status(run), policy, shots,
-            format_stats(run.backend))  # fmt: skip
+    return (run.screenshot, format_episode_log(run.steps), format_episode_status(run), format_episode_policy(run),
+            shots, format_stats(run.backend), episode_ttft_figure(run.steps))  # fmt: skip
 
 
 def new_episode(run: EpisodeRun, seed: float, window: float, reuse: str) -> tuple:
@@ -183,23 +195,36 @@ def new_episode(run: EpisodeRun, seed: float, window: float, reuse: str) -> tupl
 
 
 def step_episode(run: EpisodeRun, seed: float, window: float, reuse: str) -> tuple:
-    """One step (an episode is started first if none is running); ``gr.Error`` once the episode is over."""
+    """One step under ``reuse`` (an episode is started first if none is running). After the end: a warning
+    that says so, and the panels as they were."""
     if not run.started:
         new_episode(run, seed, window, reuse)
     if run.done:
-        raise gr.Error("The episode is over: press New episode (or change the seed).", print_exception=False)
+        gr.Warning(episode_over_message(run))
+        return episode_outputs(run)
+    run.request_reuse(reuse)
     run.step()
     return episode_outputs(run)
 
 
 def run_episode(run: EpisodeRun, seed: float, window: float, reuse: str) -> Iterator[tuple]:
     """Every remaining step (an episode is started first if none is running or the last one is over), the page
-    updated after each."""
+    updated after each; a reuse policy chosen meanwhile applies from the next step (``change_reuse``)."""
     if not run.started or run.done:
         new_episode(run, seed, window, reuse)
         yield episode_outputs(run)
+    run.request_reuse(reuse)
     for _ in run.run():
         yield episode_outputs(run)
+
+
+def change_reuse(run: EpisodeRun, reuse: str) -> str:
+    """The reuse radio changed: the episode answers with ``reuse`` from its next step (said in a toast and the
+    status line, which is returned); before an episode, the next one starts with it."""
+    run.request_reuse(reuse)
+    if run.pending_reuse is not None:
+        gr.Info(f"Reuse policy {reuse}: applies from the next step (step {len(run.steps) + 1}).")
+    return format_episode_status(run)
 
 
 # ------------------------------------------------------------------------------------------------ layout
@@ -216,14 +241,15 @@ def build_demo(backend: DemoBackend | None = None) -> gr.Blocks:
                     with gr.Column(scale=3):
                         screen = gr.Image(label="The app's screen now", type="pil", interactive=False, height=300,
                                           elem_id="screen")  # fmt: skip
-                        episode_log = gr.Markdown(format_episode_log([]), elem_id="episode-log")
+                        episode_plot = gr.Plot(episode_ttft_figure([]), format="png", show_label=False,
+                                               elem_id="episode-ttft-plot")  # fmt: skip
                     with gr.Column(scale=2):
                         seed = gr.Number(DEMO_EPISODE_SEED, precision=0, label="Episode seed (held-out pictures)",
                                          elem_id="episode-seed")  # fmt: skip
-                        episode_window = gr.Slider(
-                            1, 6, value=3, step=1, label="Screenshots kept in the prompt"
-                        )
-                        episode_reuse = gr.Radio(list(POLICIES), value="kv", label="Reuse policy")
+                        episode_window = gr.Slider(1, 6, value=3, step=1, label="Screenshots kept in the prompt",
+                                                   info="applies from the next New episode")  # fmt: skip
+                        episode_reuse = gr.Radio(list(POLICIES), value="kv", label="Reuse policy",
+                                                 info="a change applies from the next step", elem_id="episode-reuse")  # fmt: skip
                         with gr.Row():
                             new_button = gr.Button("New episode", elem_id="episode-new")
                             step_button = gr.Button("Step", elem_id="episode-step")
@@ -233,6 +259,8 @@ def build_demo(backend: DemoBackend | None = None) -> gr.Blocks:
                         screens = gr.Gallery(
                             label="Screenshots so far", columns=4, height=220, elem_id="episode-screens"
                         )
+                # full width below: the step table has 10 columns
+                episode_log = gr.Markdown(format_episode_log([]), elem_id="episode-log")
             with gr.Tab("Chat", elem_id="chat-tab"):
                 with gr.Row():
                     with gr.Column(scale=3):
@@ -279,10 +307,11 @@ def build_demo(backend: DemoBackend | None = None) -> gr.Blocks:
                         plot = gr.Plot(ttft_figure([]), format="png", show_label=False, elem_id="ttft-plot")
         stats = gr.Markdown(elem_id="store-stats")
         episode_inputs = [episode, seed, episode_window, episode_reuse]
-        episode_panels = [screen, episode_log, episode_status, policy, screens, stats]
+        episode_panels = [screen, episode_log, episode_status, policy, screens, stats, episode_plot]
         new_button.click(new_episode, episode_inputs, episode_panels)
         step_button.click(step_episode, episode_inputs, episode_panels)
         run_button.click(run_episode, episode_inputs, episode_panels)
+        episode_reuse.input(change_reuse, [episode, episode_reuse], episode_status)
         # Check first, with no outputs: a refused message shows only a toast (an event that fails marks each
         # of its outputs "Error" and blanks them).
         message.submit(check_message, [message, chat], None).success(
@@ -325,4 +354,4 @@ if __name__ == "__main__":
     print(f"loading {backend.model_name} ...", flush=True)
     backend.load()  # now: a missing checkpoint fails (one line, exit 2) before the page is served
     demo = build_demo(backend)
-    demo.launch(server_name=args.host, server_port=args.port, allowed_paths=[str(EXAMPLES_DIR)])
+    demo.launch(server_name=args.host, server_port=args.port, allowed_paths=[str(EXAMPLES_DIR)], css=CSS)

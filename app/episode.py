@@ -4,8 +4,11 @@ calls, one ``mmkv.Session`` per episode, testable without a browser.
 Each step is one turn of a tool loop: the session answers the conversation as it stands (``ask(None)``, decoding
 kept to a call of a listed tool by the grammar), the first call is executed on the app, and its result (the
 text and the next screenshot) is added as the tool message; the session keeps the last ``window`` screenshots in
-the prompt. Every step records the call, whether it was the right one, the time to first token and where each
-image's KV came from. Example::
+the prompt. Every step records the call, whether it was the right one, the tool result's text, the account_role
+in force after it, the time to first token and where each image's KV came from, and what the same step costs
+without reuse: a ``reuse="none"`` twin of the conversation (``app.backend.NoReuseTwin``: its own live prefix, no
+stores) is brought up to the same prompt just before each step and timed. A reuse policy asked for mid-episode
+(``request_reuse``) applies from the next step. Example::
 
     from app.backend import DemoBackend
     from app.episode import EpisodeRun
@@ -13,22 +16,23 @@ image's KV came from. Example::
     run = EpisodeRun(DemoBackend("tiny-qwen3-vl"))
     run.reset(seed=3)
     step = run.step()              # AgentStep(number=1, call="click(target=ok)", is_right=False, ...)
+    run.request_reuse("encoder")   # from the next step on
     steps = run.run()              # the remaining steps, to the end of the episode
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from PIL import Image
 
-from mmkv import Answer, Session
+from mmkv import Answer, PrefillStats, Session
 from mmkv.envs import DesktopApp, FunctionCall
 from mmkv.runtime.grammar import tool_calls
 from mmkv.session import ReusePolicy
 
-from .backend import POLICIES, DemoBackend
+from .backend import POLICIES, DemoBackend, NoReuseTwin
 
 __all__ = ["AgentStep", "EpisodeRun", "EpisodeSettings"]
 
@@ -66,11 +70,20 @@ class AgentStep:
     result: str  # the app's answer (the tool result's text)
     screenshot: Image.Image  # the screen after the call
     answer: Answer  # the turn (TTFT, prompt / reused tokens, where each image came from)
+    reuse: ReusePolicy  # the policy the step was answered with
+    reuse_was: ReusePolicy | None  # the policy before, on the first step under a changed one; else None
+    role: str  # the account_role in force after the call (a dialog's close can sign in again as another)
+    no_reuse: PrefillStats  # the same step's prompt on the reuse="none" twin (its own live prefix, no stores)
 
     @property
     def ttft_ms(self) -> float:
         """Time to first token, in milliseconds."""
         return self.answer.ttft_s * 1e3
+
+    @property
+    def no_reuse_ms(self) -> float:
+        """What the same step's prefill took without reuse (the ``none`` twin), in milliseconds."""
+        return self.no_reuse.seconds * 1e3
 
 
 class EpisodeRun:
@@ -88,6 +101,9 @@ class EpisodeRun:
         self.stopped = (
             False  # the model's last answer made no call (cut off at the token bound): nothing to do
         )
+        self.twin: NoReuseTwin | None = None  # the conversation under reuse="none", timed before each step
+        self.start_role = ""  # the account_role the policy (the system message) states
+        self.pending_reuse: ReusePolicy | None = None  # asked for mid-episode: applied at the next step
         self._grammar = None
 
     def __deepcopy__(self, memo: dict) -> EpisodeRun:  # gr.State copies the initial value per browser session
@@ -117,15 +133,34 @@ class EpisodeRun:
         first = self.app.reset(int(seed))
         tools = self.app.tools()
         with self.backend.lock:
-            session = Session(self.backend.load(), store=self.backend.kv_store, reuse=self.settings.reuse,
+            handle = self.backend.load()
+            session = Session(handle, store=self.backend.kv_store, reuse=self.settings.reuse,
                               window=self.settings.window, encoder_store=self.backend.encoder_store, tools=tools)  # fmt: skip
-            session.add_text(self.app.policy, role="system")
-            session.add_text(first.text, role="user")
-            session.add_image(first.image)
+            twin = NoReuseTwin(handle, window=self.settings.window, tools=tools)
+            for conversation in (session, twin):
+                conversation.add_text(self.app.policy, role="system")
+                conversation.add_text(first.text, role="user")
+                conversation.add_image(first.image)
         self.session, self.seed, self.first_screenshot, self.steps = session, int(seed), first.image, []
+        self.twin, self.start_role, self.pending_reuse = twin, self.app.role, None
         self.stopped = False
         self._grammar = tool_calls(tools, "required")
         return first.image
+
+    @property
+    def reuse(self) -> ReusePolicy:
+        """The reuse policy the next step is answered with (a pending change included)."""
+        return self.pending_reuse or self.settings.reuse
+
+    def request_reuse(self, reuse: ReusePolicy) -> None:
+        """Answer from the next step on with ``reuse`` (before a reset: the policy the next reset uses). Nothing
+        is computed now; asking for the policy in force cancels a pending change. Raises ``ValueError`` for a
+        policy not in ``POLICIES``."""
+        if reuse not in POLICIES:
+            raise ValueError(f"reuse must be one of {POLICIES}, got {reuse!r}")
+        if not self.started:
+            self.settings = replace(self.settings, reuse=reuse)
+        self.pending_reuse = None if reuse == self.settings.reuse else reuse
 
     def step(self) -> AgentStep:
         """One turn: the model's call (a listed tool, its arguments valid), executed on the app, its result and
@@ -135,21 +170,40 @@ class EpisodeRun:
             raise RuntimeError("the episode is over: start a new one")
         expected = self.app.expected_call()
         with self.backend.lock:
+            # 1. a policy asked for since the last step: the session forked under it (a new, empty live cache)
+            reuse_was = self._apply_pending_reuse()
+            # 2. the same prompt without reuse, on the twin (its own live prefix, no stores)
+            no_reuse = self.twin.prefill()
+            # 3. the model's call under the policy
             answer = self.session.ask(None, max_new_tokens=MAX_CALL_TOKENS, grammar=self._grammar)
+            costs = dict(answer=answer, reuse=self.settings.reuse, reuse_was=reuse_was, no_reuse=no_reuse)
             if not answer.tool_calls:  # the call was cut off at the token bound (random weights): no action
                 self.stopped = True
                 step = AgentStep(len(self.steps) + 1, "", str(expected), False, "", "(no call: the answer was cut "
-                                 "off)", self.app.screenshot(), answer)  # fmt: skip
+                                 "off)", self.app.screenshot(), role=self.app.role, **costs)  # fmt: skip
                 self.steps.append(step)
                 return step
+            # 4. executed on the app; its result and the next screenshot added to both conversations
             call = answer.tool_calls[0]  # the grammar makes the answer one call
             arguments = _arguments(call.arguments)
             outcome = self.app.step(call.name, arguments)
             self.session.add_tool_result(call.id, outcome.text, images=[outcome.image])
+            self.twin.add_tool_calls(answer.tool_calls)
+            self.twin.add_tool_result(call.id, outcome.text, images=[outcome.image])
         step = AgentStep(len(self.steps) + 1, str(FunctionCall(call.name, arguments)), str(expected), outcome.is_right,
-                         outcome.kind, outcome.text, outcome.image, answer)  # fmt: skip
+                         outcome.kind, outcome.text, outcome.image, role=self.app.role, **costs)  # fmt: skip
         self.steps.append(step)
         return step
+
+    def _apply_pending_reuse(self) -> ReusePolicy | None:
+        """Switch the session to the pending policy, if any (``Session.fork``: the conversation kept, the live
+        cache empty); returns the policy it had, else None."""
+        if self.pending_reuse is None:
+            return None
+        was = self.settings.reuse
+        self.session = self.session.fork(reuse=self.pending_reuse)
+        self.settings, self.pending_reuse = replace(self.settings, reuse=self.pending_reuse), None
+        return was
 
     def run(self, max_steps: int | None = None):
         """Steps to the end of the episode (or ``max_steps`` of them), yielding each as it is made."""

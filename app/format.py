@@ -1,25 +1,29 @@
 """What the demo's page shows, as text and figures: one turn's line (``format_turn``), the turn log
-(``format_turn_log``), the agent episode's step table and status (``format_episode_log``,
-``format_episode_status``), the stores' counters (``format_stats``) and the TTFT plot (``ttft_figure``). Pure
-functions of ``app.backend``'s and ``app.episode``'s records; no KV work here."""
+(``format_turn_log``), the agent episode's step table, status and policy (``format_episode_log``,
+``format_episode_status``, ``format_episode_policy``) and its TTFT chart (``episode_ttft_points``,
+``episode_ttft_figure``), the stores' counters (``format_stats``) and the chat's TTFT plot (``ttft_figure``).
+Pure functions of ``app.backend``'s and ``app.episode``'s records; no KV work here."""
 
 from __future__ import annotations
 
 import unicodedata
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from mmkv import ImageReuse
 from mmkv.cache import TierStats
+from mmkv.envs import POLICY as POLICY_TEMPLATE
 
 from .backend import COLD_LABEL, POLICIES, DemoBackend, TurnRecord
 from .episode import AgentStep, EpisodeRun
 
 __all__ = [
-    "display_text", "format_episode_log", "format_episode_status", "format_stats", "format_turn", "format_turn_log",
-    "images_summary", "ttft_figure",
+    "EPISODE_COLUMNS", "TtftPoint", "display_text", "episode_over_message", "episode_ttft_figure",
+    "episode_ttft_points", "format_episode_log", "format_episode_policy", "format_episode_status", "format_stats",
+    "format_turn", "format_turn_log", "images_summary", "ttft_figure",
 ]  # fmt: skip
 
 
@@ -83,23 +87,38 @@ def format_turn_log(turns: Sequence[TurnRecord]) -> str:
     return "\n".join([f"**{latest}**", "", *(f"- {line}" for line in earlier)])
 
 
-EPISODE_COLUMNS = ("step", "tool call", "right", "expected", "TTFT ms", "images (where their KV came from)",
-                   "prompt tokens reused")  # fmt: skip
+# Short headers (the table is wide): the tool result and the images' sources get the room.
+EPISODE_COLUMNS = ("step", "call", "right", "expected", "tool result", "reuse", "TTFT ms", "none ms",
+                   "images: KV from", "tokens reused")  # fmt: skip
+
+
+def _reuse_cell(step: AgentStep) -> str:
+    """The step's policy; on the first step under a changed one, what it was and that the live cache restarted."""
+    if step.reuse_was is None:
+        return step.reuse
+    return f"**{step.reuse}** (was {step.reuse_was}; from this step, new live cache)"
 
 
 def _episode_row(step: AgentStep) -> str:
     answer = step.answer
     cells = (
         str(step.number), f"`{step.call}`" if step.call else "(no call)", "✓" if step.is_right else "✗",
-        f"`{step.expected}`", f"{step.ttft_ms:.1f}", images_summary(answer.images),
-        f"{answer.reused_tokens} of {answer.prompt_tokens}",
+        f"`{step.expected}`", _table_text(step.result), _reuse_cell(step), f"{step.ttft_ms:.1f}",
+        f"{step.no_reuse_ms:.1f}", images_summary(answer.images), f"{answer.reused_tokens} of {answer.prompt_tokens}",
     )  # fmt: skip
     return "| " + " | ".join(cells) + " |"
 
 
+def _table_text(text: str) -> str:
+    """``text`` safe in a Markdown table cell (pipes escaped, one line)."""
+    return display_text(text).replace("|", "\\|").replace("\n", " ")
+
+
 def format_episode_log(steps: Sequence[AgentStep]) -> str:
-    """Markdown: one row per step (``EPISODE_COLUMNS``): the call, ✓ or ✗, the right call, TTFT, where each
-    image's KV came from (counted, as ``images_summary``) and the prompt tokens not recomputed."""
+    """Markdown: one row per step (``EPISODE_COLUMNS``): the call, ✓ or ✗, the right call, the tool result's text,
+    the reuse policy (marked where it changed), TTFT, what the same prompt took without reuse (the ``none``
+    twin's prefill), where each image's KV came from (counted, as ``images_summary``) and the prompt tokens not
+    recomputed."""
     if not steps:
         return "*No steps yet: start an episode, then step through it or run it.*"
     lines = ["| " + " | ".join(EPISODE_COLUMNS) + " |", "|" + "---|" * len(EPISODE_COLUMNS)]
@@ -107,7 +126,8 @@ def format_episode_log(steps: Sequence[AgentStep]) -> str:
 
 
 def format_episode_status(run: EpisodeRun) -> str:
-    """One Markdown line: the episode, the role in force, the steps made and right, and its state."""
+    """One Markdown line: the episode, the role in force, the steps made and right, and its state; a reuse policy
+    asked for and not applied yet is named (it applies at the next step)."""
     if not run.started:
         return "*No episode yet.*"
     right = sum(step.is_right for step in run.steps)
@@ -117,11 +137,83 @@ def format_episode_status(run: EpisodeRun) -> str:
         state = "**stopped**: the last answer made no call"
     else:
         state = "**done: success**" if run.app.success else "**done: failed**"
+    reuse = run.settings.reuse
+    if run.pending_reuse is not None:
+        reuse += f" → **{run.pending_reuse} from the next step**"
     return (
         f"Episode seed {run.seed} ({run.settings.split}, window {run.settings.window}, reuse "
-        f"{run.settings.reuse}) · account_role now: {run.app.role} · {len(run.steps)} steps, {right} right · "
-        f"{state}"
+        f"{reuse}) · account_role now: {run.app.role} · {len(run.steps)} steps, {right} right · {state}"
     )
+
+
+def episode_over_message(run: EpisodeRun) -> str:
+    """What a Step after the end says: the episode is over, how it ended, and what to press."""
+    if run.stopped:
+        how = "stopped: the last answer made no call"
+    else:
+        how = "succeeded" if run.app.success else "failed"
+    return (
+        f"Episode {run.seed} has ended ({how}, {len(run.steps)} steps): press New episode, or Run episode to "
+        "start it again."
+    )
+
+
+def format_episode_policy(run: EpisodeRun) -> str:
+    """Markdown: the policy as it applies now, with the account_role in force; once a dialog's close signed the
+    agent in again under another role, that step and the role the system message still states are named."""
+    if not run.started:
+        return ""
+    role = run.app.role
+    text = POLICY_TEMPLATE.format(role=role)
+    if role == run.start_role:
+        return f"**Policy** (system message), account_role **{role}**: {text}"
+    changed = next((step.number for step in run.steps if step.role == role), None)
+    since = f" at step {changed}" if changed is not None else ""
+    return (
+        f"**Policy now**: account_role **{role}** (signed in again{since}, as its tool result says; the system "
+        f"message still states {run.start_role}): {text}"
+    )
+
+
+class TtftPoint(NamedTuple):
+    """One step of the episode's TTFT chart."""
+
+    step: int  # the step's number
+    reuse: str  # the policy the step was answered with
+    reuse_ms: float  # its time to first token under that policy
+    none_ms: float  # the same prompt's prefill without reuse (the reuse="none" twin)
+
+
+def episode_ttft_points(steps: Sequence[AgentStep]) -> list[TtftPoint]:
+    """The chart's data: one point per step, with reuse and without."""
+    return [TtftPoint(step.number, step.reuse, step.ttft_ms, step.no_reuse_ms) for step in steps]
+
+
+def episode_ttft_figure(steps: Sequence[AgentStep]) -> Figure:
+    """Per step two bars: the TTFT under the step's policy (named under the step's number) and the same prompt
+    without reuse (``none``: the twin with its own live prefix, no stores). A figure without bars before the
+    first step."""
+    points = episode_ttft_points(steps)
+    figure = Figure(figsize=(6.0, 3.0), layout="constrained")
+    axes = figure.add_subplot()
+    width = 0.4
+    if points:
+        numbers = [p.step for p in points]
+        axes.bar([n - width / 2 for n in numbers], [p.reuse_ms for p in points], width, label="with reuse")
+        axes.bar([n + width / 2 for n in numbers], [p.none_ms for p in points], width, color="grey",
+                 label="none (no reuse, same prompt)")  # fmt: skip
+        axes.set_xticks(numbers, [f"{p.step}\n{p.reuse}" for p in points])
+        tallest = max(max(p.reuse_ms, p.none_ms) for p in points) or 1.0
+        axes.set_ylim(0, 1.3 * tallest)  # room for the legend above the bars
+        axes.legend(loc="upper left", fontsize="small", ncols=2)
+    else:
+        axes.text(0.5, 0.5, "no steps yet", ha="center", va="center", transform=axes.transAxes)
+        axes.set_xticks([])
+    axes.set_title("Time to first token per step")
+    axes.set_xlabel("step (policy)")
+    axes.set_ylabel("TTFT (ms)")
+    axes.set_ylim(bottom=0)
+    return figure
 
 
 def _human_bytes(num: int) -> str:

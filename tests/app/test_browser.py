@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from app.format import EPISODE_COLUMNS
 from app.trajectory import DEMO_EPISODE_CALLS, DEMO_EPISODE_SEED, TRAJECTORY
 
 from .conftest import REPO, SCREEN_1
@@ -47,8 +48,10 @@ BOT_MESSAGE = "#chatbot [data-testid=bot]"
 USER_MESSAGE = "#chatbot [data-testid=user]"
 TURN_LOG = "#turn-log"
 ERROR_TOAST = "[data-testid=toast-body].error"
+WARNING_TOAST = "[data-testid=toast-body].warning"
 EPISODE_ROWS = "#episode-log table tbody tr"
 EPISODE_STATUS = "#episode-status"
+IMAGES_CELL = EPISODE_COLUMNS.index("images: KV from")  # the step table's column of the images' sources
 
 
 def _open_chat(page) -> None:
@@ -207,8 +210,9 @@ def test_the_example_trajectory_answers_as_expected(server, tmp_path):
 
 
 def _episode_in_the_browser(url: str, artifact: Path, name: str) -> list[list[str]]:
-    """Open the page, press Run episode, wait until the episode is over; returns the step table's cells per row
-    (the page's screenshot saved to ``artifact`` and, with $MMKV_ARTIFACTS, copied there as ``name``)."""
+    """Open the page, press Run episode, wait until the episode is over, press Step once more (a warning that
+    it ended; the table, status, screen and chart stay); returns the step table's cells per row (the page's
+    screenshot saved to ``artifact`` and, with $MMKV_ARTIFACTS, copied there as ``name``)."""
     from playwright.sync_api import expect
 
     with _page(url, height=1400) as page:
@@ -221,6 +225,14 @@ def _episode_in_the_browser(url: str, artifact: Path, name: str) -> list[list[st
         cells = [
             [c.strip() for c in rows.nth(i).locator("td").all_inner_texts()] for i in range(rows.count())
         ]
+        status = page.locator(EPISODE_STATUS).inner_text()
+        expect(page.locator("#episode-ttft-plot img")).to_have_count(1)
+        page.click("#episode-step")  # after the end: a warning, every panel as it was
+        expect(page.locator(WARNING_TOAST)).to_contain_text("has ended")
+        expect(rows).to_have_count(len(cells))
+        expect(page.locator(EPISODE_STATUS)).to_have_text(status)
+        expect(page.locator("#screen img")).to_have_count(1)
+        expect(page.locator("#episode-ttft-plot img")).to_have_count(1)
         page.screenshot(path=str(artifact), full_page=True)
     if os.environ.get("MMKV_ARTIFACTS"):
         target = Path(os.environ["MMKV_ARTIFACTS"])
@@ -245,10 +257,10 @@ def test_the_agent_episode_in_the_browser(server, tmp_path):
     for row, step in zip(cells, expected, strict=True):
         assert row[0] == str(step.number) and row[1] == (step.call or "(no call)") and row[3] == step.expected
         assert row[2] == ("✓" if step.is_right else "✗")
-    assert cells[0][5] == "1 image: 1 computed"
+    assert cells[0][IMAGES_CELL] == "1 image: 1 computed"
     if len(cells) > 1:
-        assert "1 kept (live prefix)" in cells[1][5]
-    assert all("cache hit (memory)" in row[5] for row in cells[3:])
+        assert "1 kept (live prefix)" in cells[1][IMAGES_CELL]
+    assert all("cache hit (memory)" in row[IMAGES_CELL] for row in cells[3:])
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian's chromium is not installed at {CHROMIUM}")
@@ -262,4 +274,4 @@ def test_the_shipped_model_runs_the_demo_episode(server, tmp_path):
     cells = _episode_in_the_browser(server, tmp_path / "demo-episode-shipped.png", "demo-episode-shipped.png")
     assert [row[1] for row in cells] == list(DEMO_EPISODE_CALLS)
     assert all(row[2] == "✓" for row in cells)
-    assert all("cache hit (memory)" in row[5] for row in cells[3:])
+    assert all("cache hit (memory)" in row[IMAGES_CELL] for row in cells[3:])
