@@ -187,6 +187,8 @@ def _serve_parser(sub) -> None:
                         help="memory images may take while they decode, all requests together")  # fmt: skip
     memory.add_argument("--layout-cache-bytes", type=int, default=64 << 20,
                         help="rendered messages and earlier requests' layouts kept")  # fmt: skip
+    memory.add_argument("--grammar-cache-bytes", type=int, default=256 << 20,
+                        help="checked schemas and compiled grammars kept")  # fmt: skip
     limits = p.add_argument_group("time, connections and sizes")
     limits.add_argument("--request-timeout", type=float, default=300.0,
                         help="seconds from a request's arrival to its answer, then 504")  # fmt: skip
@@ -196,6 +198,8 @@ def _serve_parser(sub) -> None:
     limits.add_argument("--max-connections", type=int, default=512, help="open connections at once")
     limits.add_argument("--max-fetches", type=int, default=8, help="http(s) image fetches at once")
     limits.add_argument("--max-tokens", type=int, default=4096, help="bound on a request's max_tokens")
+    limits.add_argument("--max-schema-bytes", type=int, default=64 << 10,
+                        help="bigger JSON schemas (a request's response format and tools, together) get 400")  # fmt: skip
     limits.add_argument("--max-body-bytes", type=int, default=64 << 20, help="bigger request bodies get 413")
     limits.add_argument("--max-image-bytes", type=int, default=20 << 20, help="bigger encoded images get 413")
     limits.add_argument(
@@ -232,6 +236,8 @@ def _serve(args) -> None:
             image_cache_bytes=args.image_cache_bytes,
             decode_budget_bytes=args.decode_budget_bytes,
             layout_cache_bytes=args.layout_cache_bytes,
+            grammar_cache_bytes=args.grammar_cache_bytes,
+            max_schema_bytes=args.max_schema_bytes,
             request_timeout_s=args.request_timeout,
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout,

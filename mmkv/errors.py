@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "EmptyImageError",
     "GrammarError",
+    "GrammarTimeoutError",
     "ImageError",
     "ImageShapeError",
     "ImageTooLargeError",
@@ -76,3 +77,8 @@ class GrammarError(MmkvError, ValueError):
     """A response format or tool list that cannot become a token constraint: an invalid JSON schema, a schema
     keyword the grammar engine cannot enforce (under ``strict``), an empty tool list, a named tool that is not
     listed. The message names the offending field and what to change (the server answers it with a 400)."""
+
+
+class GrammarTimeoutError(MmkvError, TimeoutError):
+    """Grammar work (a schema's checks, a compile) whose turn did not come before the caller's deadline: other
+    requests' schemas held it (the server answers 504)."""

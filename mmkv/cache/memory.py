@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable
 from typing import Generic, TypeVar
 
 __all__ = ["MemoryTier"]
@@ -26,14 +27,15 @@ class MemoryTier(Generic[V]):
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self.max_bytes = max_bytes  # bound on the sum of the entries' declared sizes
-        self._entries: OrderedDict[str, tuple[V, int]] = OrderedDict()  # key -> (value, nbytes); LRU first
+        # key -> (value, nbytes); LRU first
+        self._entries: OrderedDict[Hashable, tuple[V, int]] = OrderedDict()
         self._lock = threading.Lock()
         self.bytes = 0  # sum of the declared sizes of the entries held
         self.hits = 0  # get() calls that found their key
         self.misses = 0  # get() calls that did not
         self.evictions = 0  # entries dropped to make room
 
-    def get(self, key: str) -> V | None:
+    def get(self, key: Hashable) -> V | None:
         """The value under ``key`` (marking it most recently used), or ``None``. Counts a hit or a miss."""
         with self._lock:
             entry = self._entries.get(key)
@@ -44,7 +46,7 @@ class MemoryTier(Generic[V]):
             self.hits += 1
             return entry[0]
 
-    def put(self, key: str, value: V, nbytes: int) -> bool:
+    def put(self, key: Hashable, value: V, nbytes: int) -> bool:
         """Store ``value`` (declared ``nbytes``) under ``key``, replacing any previous value, then evict least
         recently used entries until the total is within ``max_bytes``.
 
@@ -65,7 +67,7 @@ class MemoryTier(Generic[V]):
                 self.evictions += 1
             return True
 
-    def delete(self, key: str) -> bool:
+    def delete(self, key: Hashable) -> bool:
         """Drop ``key`` if held (not counted as an eviction). Returns whether it was held."""
         with self._lock:
             old = self._entries.pop(key, None)
@@ -80,7 +82,7 @@ class MemoryTier(Generic[V]):
             self._entries.clear()
             self.bytes = 0
 
-    def __contains__(self, key: str) -> bool:
+    def __contains__(self, key: Hashable) -> bool:
         """Whether ``key`` is held. Changes no counter and not the LRU order."""
         return key in self._entries
 

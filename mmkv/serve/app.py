@@ -2,7 +2,8 @@
 
 A chat request's path: the body is read within its bound and validated (``protocol``: unknown fields and
 refused ones are 400s naming them) -> its images are fetched or decoded and the ``Conversation`` built, off the
-event loop (``Engine.intake``) -> its grammar compiled (tools, response format) -> it queues for the one model
+event loop (``Engine.intake``; its schemas checked first) -> its grammar compiled on a worker thread (tools,
+response format; ``Engine.constraint``) -> it queues for the one model
 worker (503 when the queue is full) -> the worker's events become one ``ChatCompletion`` or a stream of chunks
 (``replies.Reply``). Every refusal is an OpenAI error object whose status follows the exception's type
 (``engine.as_api_error``); unknown routes and methods are error objects too; a failure after a stream started is
@@ -127,7 +128,7 @@ def create_app(engine: Engine) -> FastAPI:
             body = await _checked_request(request, engine, deadline)
             fetched = await engine.fetch(body, deadline)  # http(s) images, on the media pool
             intake = await run_in_threadpool(engine.intake, body, fetched, deadline)
-            constraint = engine.constraint(intake.grammar)
+            constraint = await engine.constraint(intake.grammar, deadline)  # on a worker thread
             loop = asyncio.get_running_loop()
             job = await run_in_threadpool(engine.prepare, body, intake, constraint, deadline, loop)  # the layout
         except (ApiError, MediaError, MmkvError, ValueError) as exc:

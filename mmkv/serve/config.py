@@ -42,6 +42,7 @@ class ServerConfig:
     image_cache_bytes: int = 256 << 20  # decoded image records by bytes, and preprocessed pixels: each
     decode_budget_bytes: int = 1 << 30  # pixels being decoded at once, all requests together (more wait)
     layout_cache_bytes: int = 64 << 20  # rendered message blocks and earlier requests' layouts (LRU)
+    grammar_cache_bytes: int = 256 << 20  # checked schemas and compiled grammars (LRU, the engine's estimate)
     # time and connections
     request_timeout_s: float = 300.0  # one deadline from a request's arrival: body, fetches, images, queue,
     # prefill, decode; past it: 504 (or a stream's error event)
@@ -55,6 +56,7 @@ class ServerConfig:
     max_image_pixels: int = DEFAULT_MAX_PIXELS  # decoded images over this get 413
     max_images: int = 64  # images per request
     max_tokens: int = 4096  # bound on max_tokens / max_completion_tokens
+    max_schema_bytes: int = 64 << 10  # a request's JSON schemas (response format, tools' parameters) together
     fetch_timeout_s: float = 10.0  # one http(s) image fetch, redirects included
     max_fetches: int = 8  # http(s) image fetches at once (their own threads)
     device: str | None = None  # mmkv.load's device (default: CUDA when available)
@@ -66,8 +68,8 @@ class ServerConfig:
         check_int(self.port, "port", 0)
         for name in ("max_queue", "pool_bytes", "max_body_bytes", "max_image_bytes", "max_image_pixels",
                      "max_images", "max_tokens", "kv_memory_bytes", "encoder_memory_bytes", "image_cache_bytes",
-                     "decode_budget_bytes", "layout_cache_bytes", "max_connections", "max_fetches", "max_batch",
-                     "max_batch_kv_bytes"):  # fmt: skip
+                     "decode_budget_bytes", "layout_cache_bytes", "grammar_cache_bytes", "max_schema_bytes",
+                     "max_connections", "max_fetches", "max_batch", "max_batch_kv_bytes"):  # fmt: skip
             check_int(getattr(self, name), name, 0 if name in ("max_queue", "pool_bytes") else 1)
         for name in (
             "request_timeout_s",

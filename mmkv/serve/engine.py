@@ -20,12 +20,12 @@ from ..cache import EncoderStore, KVStore
 from ..cache.memory import MemoryTier
 from ..conversation import ConversationImage
 from ..engine import Request
-from ..errors import ImageTooLargeError, MmkvError, PromptTooLongError
+from ..errors import GrammarError, ImageTooLargeError, MmkvError, PromptTooLongError
 from ..images import load_image
 from ..prompt.blocks import LayoutBuilder
 from ..runtime import Answer, check_positions, prepare_image
 from ..runtime.decode import end_of_turn_id
-from ..runtime.grammar import GrammarSpec, TokenConstraint, constraint_for, vocabulary_of
+from ..runtime.grammar import GrammarSpec, TokenConstraint, constraint_for, set_cache_bytes, vocabulary_of
 from .budget import ByteBudget, decode_bytes
 from .config import ServerConfig
 from .intake import Intake, bytes_key, low_detail, read_request
@@ -66,6 +66,7 @@ class Engine:
         self._token_bytes = max(len(t) for t in self.handle.tokenizer.get_vocab())  # longest token, in bytes
         self.end_of_turn = end_of_turn_id(self.handle)
         vocabulary_of(self.handle)  # the grammar engine's view of the tokenizer, built now, not by a request
+        set_cache_bytes(config.grammar_cache_bytes)  # (the grammar cache is the process's)
         self.started = time.time()
 
     async def fetch(self, body: ChatCompletionRequest, deadline: float) -> dict[str, bytes]:
@@ -95,7 +96,9 @@ class Engine:
 
         try:
             return read_request(body, self.config.policy, self.config.max_tokens, self.config.max_images,
-                                record, read)  # fmt: skip
+                                record, read, self.config.max_schema_bytes, deadline)  # fmt: skip
+        except GrammarError as exc:  # a schema or tool list: the param is the response format or the tools
+            raise as_api_error(exc, "tools" if str(exc).startswith("tool") else "response_format") from exc
         except (ValueError, TypeError) as exc:  # the records' checks: text, roles, tool calls, field values
             raise as_api_error(exc, "messages") from exc
 
@@ -123,9 +126,17 @@ class Engine:
                               constraint, deadline)  # fmt: skip
         return job
 
-    def constraint(self, grammar: GrammarSpec | None) -> TokenConstraint | None:
-        """A fresh constraint for one answer (compiled once per grammar), or None."""
-        return None if grammar is None else constraint_for(self.handle, grammar)
+    async def constraint(self, grammar: GrammarSpec | None, deadline: float) -> TokenConstraint | None:
+        """A fresh constraint for one answer, or None. Compiled once per grammar, on a worker thread (a compile
+        is input-sized: never on the event loop) in the one turn for heavy grammar work, within ``deadline``.
+        Raises ``GrammarError`` (the engine refused it: a 400), ``Timeout`` past the deadline."""
+        if grammar is None:
+            return None
+        work = asyncio.to_thread(constraint_for, self.handle, grammar, deadline)
+        try:
+            return await asyncio.wait_for(work, max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise Timeout("the request timed out while its grammar compiled") from None
 
     def _image(self, data: bytes, detail: str = "auto", deadline: float | None = None) -> ConversationImage:
         """The image record of encoded ``data``: agents resend the same screenshots every turn, so records are
@@ -176,10 +187,13 @@ def _texts(body: ChatCompletionRequest) -> Iterator[str]:
 
 def as_api_error(error: BaseException, param: str | None = None) -> ApiError:
     """The refusal an exception stands for, chosen by its type: an ``ApiError`` itself; a media refusal with its
-    status; an image over a bound 413; any other ``mmkv.MmkvError`` (a bad image, an unusable grammar, a prompt
-    past the model's positions) and a record's ``ValueError`` / ``TypeError`` 400."""
+    status; an image over a bound 413; a deadline (``GrammarTimeoutError``: grammar work that waited too long)
+    504; any other ``mmkv.MmkvError`` (a bad image, an unusable grammar, even one the engine stopped on
+    mid-answer, a prompt past the model's positions) and a record's ``ValueError`` / ``TypeError`` 400."""
     if isinstance(error, ApiError):
         return error
+    if isinstance(error, TimeoutError):
+        return Timeout(str(error) or "the request timed out", param)
     if isinstance(error, MediaError):
         return {413: TooLarge, 504: Timeout}.get(error.status, BadRequest)(str(error), param)
     if isinstance(error, ImageTooLargeError):

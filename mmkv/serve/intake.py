@@ -17,6 +17,7 @@ How tools and formats decide decoding (``Intake.grammar``):
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -52,10 +53,16 @@ def read_request(
     max_images: int,
     image_record: Callable[[bytes], ConversationImage],
     read_url: Callable[[str], bytes],
+    max_schema_bytes: int = 64 << 10,
+    deadline: float | None = None,
 ) -> Intake:
     """``body`` as an ``Intake``. ``image_record(data)``: an encoded image's record (decoded, keyed,
     preprocessed; raises the ``mmkv.ImageError`` of a bad one); ``read_url(url)``: an image URL's bytes under the
-    server's media rules (raises ``MediaError``). Raises ``BadRequest`` / ``TooLarge`` naming the field."""
+    server's media rules (raises ``MediaError``). The grammar comes first (a schema over ``max_schema_bytes`` or
+    that cannot be enforced is refused before any image is decoded), its checks waiting for their turn until
+    ``deadline``. Raises ``BadRequest`` / ``TooLarge`` naming the field, ``GrammarError`` (a 400),
+    ``GrammarTimeoutError`` (a 504)."""
+    grammar, read_calls, trusted = _grammar(body, max_schema_bytes, deadline)
     conversation, sources = Conversation(), []
     # declared whatever the tool choice ("none" too): the prompt then stays the same from turn to turn
     conversation.set_tools([tool.model_dump(exclude_none=True) for tool in body.tools or ()])
@@ -94,7 +101,6 @@ def read_request(
             continue
         add_parts(content, role)
     overrides = {} if body.mmkv is None else body.mmkv.model_dump(exclude_none=True)
-    grammar, read_calls, trusted = _grammar(body)
     return Intake(
         conversation, replace(base_policy, **overrides), _options(body, max_tokens), grammar, read_calls, trusted,
         tuple(sources),
@@ -117,27 +123,53 @@ def _options(body: ChatCompletionRequest, max_tokens: int) -> DecodeOptions:
     )
 
 
-def _grammar(body: ChatCompletionRequest) -> tuple[GrammarSpec | None, bool, bool]:
+def _grammar(
+    body: ChatCompletionRequest, max_schema_bytes: int, deadline: float | None
+) -> tuple[GrammarSpec | None, bool, bool]:
     """The grammar the answer must follow, whether to read it for tool calls, and whether those are grammar-made
-    (see the module docstring). Raises ``GrammarError`` (a 400) for a schema or tool list that cannot be one."""
-    answer = None
+    (see the module docstring). Every listed tool is checked whatever the tool choice (``none`` and ``auto``
+    too: the same list gets the same verdict). Raises ``BadRequest`` for schemas over ``max_schema_bytes``,
+    ``GrammarError`` (a 400) for a schema or tool list that cannot be one."""
     form = body.response_format
-    if form is not None and form.type == "json_object":
-        answer = json_object()
-    elif form is not None and form.type == "json_schema":
-        answer = json_schema(form.json_schema.schema_, bool(form.json_schema.strict))
     tools = [tool.model_dump(exclude_none=True) for tool in body.tools or ()]
+    _check_schema_bytes(body, tools, max_schema_bytes)
+    answer = None
+    if form is not None and form.type == "json_object":
+        answer = json_object(deadline)
+    elif form is not None and form.type == "json_schema":
+        answer = json_schema(form.json_schema.schema_, bool(form.json_schema.strict), deadline)
     choice = body.tool_choice or ("auto" if tools else "none")
-    if not tools or choice == "none":
+    listed = tool_calls(tools, "required", body.parallel_tool_calls, deadline) if tools else None
+    if listed is None or choice == "none":
         if isinstance(choice, NamedToolChoice) or choice == "required":
             raise BadRequest("tool_choice asks for a tool call but no tools are listed", "tool_choice")
         return answer, False, False
     if choice == "auto":
         if answer is None:
             return None, True, False
-        return tool_calls_or(tool_calls(tools, "required", body.parallel_tool_calls), answer), True, True
-    mode = {"name": choice.function.name} if isinstance(choice, NamedToolChoice) else "required"
-    return tool_calls(tools, mode, body.parallel_tool_calls), True, True
+        return tool_calls_or(listed, answer, deadline), True, True
+    if choice == "required":
+        return listed, True, True
+    return tool_calls(tools, {"name": choice.function.name}, False, deadline), True, True
+
+
+def _check_schema_bytes(body: ChatCompletionRequest, tools: list[dict], max_schema_bytes: int) -> None:
+    """Refuse a request whose JSON schemas (the response format's, every tool's parameters) take more than
+    ``max_schema_bytes`` of JSON together: checking and compiling a schema costs time and memory in its size."""
+    form = body.response_format
+    schemas = [form.json_schema.schema_] if form is not None and form.json_schema is not None else []
+    schemas += [tool["function"].get("parameters") for tool in tools]
+    num_bytes, param = 0, "response_format"
+    for number, schema in enumerate(schemas):
+        num_bytes += len(json.dumps(schema).encode()) if schema is not None else 0
+        if num_bytes > max_schema_bytes:
+            if number >= len(schemas) - len(tools):
+                param = "tools"
+            raise BadRequest(
+                f"the request's JSON schemas (response format and tools' parameters) take over {max_schema_bytes:,}"
+                " bytes, this server's bound (--max-schema-bytes); send smaller schemas",
+                param,
+            )
 
 
 def low_detail(image: Image.Image) -> Image.Image:
