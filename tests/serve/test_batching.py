@@ -146,3 +146,29 @@ def test_eight_concurrent_agents_get_the_answers_of_one_at_a_time(tmp_path):
     )
     assert float(batch_line.split()[-1]) / float(count_line.split()[-1]) > 1.5  # rows per decode forward
     assert health["running"] == 0 and health["queue"] == 0
+
+
+def test_a_departed_non_streamed_client_stops_its_work(tmp_path):
+    """A non-streamed request for 1500 tokens whose client gives up after a second leaves the engine at its next
+    step: the server runs far fewer than 1500 decode forwards for it, and a later request is answered."""
+    (tmp_path / "s").mkdir()
+    with run_server(tmp_path / "s", "--max-batch", "1") as server:
+        body = {
+            "model": MODEL,
+            "messages": [user("Tell a long story.")],
+            "max_tokens": 1500,
+            "temperature": 0,
+        }
+        try:
+            httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=1.0)
+        except httpx.TimeoutException:
+            pass
+        for _ in range(2400):  # the bound only catches a hang
+            if server.get("/health").json()["running"] == 0:
+                break
+            threading.Event().wait(0.05)
+        later = _send(server.base_url, {"model": MODEL, "messages": [user("Hi")], "max_tokens": 3})
+        metrics = server.get("/metrics").text
+    forwards = next(float(line.split()[-1]) for line in metrics.splitlines()
+                    if line.startswith("mmkv_decode_batch_rows_count"))  # fmt: skip
+    assert forwards < 1500 - 100 and later["finish"] in ("length", "stop")

@@ -48,3 +48,38 @@ def test_the_worker_counts_every_request_it_runs_and_only_those():
             statuses.append(client.post("/v1/chat/completions", json=body).status_code)
     engine.close()
     assert statuses == [200, 400, 200] and engine.worker.heap._count == 2
+
+
+def test_an_over_long_prompt_is_refused_from_its_size_before_it_is_tokenised(monkeypatch):
+    """Text that cannot fit the model's positions (at least bytes / longest token tokens) is a 400 naming the
+    bound, and nothing was laid out or tokenised for it; a prompt of several forms (content, parts, tool-call
+    arguments) counts."""
+    from starlette.testclient import TestClient
+
+    from mmkv.prompt.blocks import LayoutBuilder
+    from mmkv.serve import Engine, ServerConfig
+    from mmkv.serve.app import create_app
+
+    engine = Engine(ServerConfig(model="tiny-qwen3-vl", device="cpu"))
+    built = []
+    original = LayoutBuilder.build
+    monkeypatch.setattr(
+        LayoutBuilder, "build", lambda self, *a, **k: built.append(1) or original(self, *a, **k)
+    )
+    huge = "x" * (engine._token_bytes * (engine.handle.max_positions + 1))
+    forms = [
+        [{"role": "user", "content": huge}],
+        [{"role": "user", "content": [{"type": "text", "text": huge[: len(huge) // 2]},
+                                      {"type": "text", "text": huge[len(huge) // 2 :]}]}],
+        [{"role": "user", "content": "go"}, {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+          "function": {"name": "f", "arguments": huge}}]}, {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+    ]  # fmt: skip
+    with TestClient(create_app(engine)) as client:
+        for messages in forms:
+            reply = client.post("/v1/chat/completions", json={"model": "tiny-qwen3-vl", "messages": messages})
+            assert reply.status_code == 400 and "positions" in reply.json()["error"]["message"], reply.text
+        assert not built
+        ok = client.post("/v1/chat/completions", json={"model": "tiny-qwen3-vl", "max_tokens": 2,
+                                                       "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        assert ok.status_code == 200 and built
+    engine.close()
