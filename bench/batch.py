@@ -58,7 +58,9 @@ def _requests(handle, size: int, context: int, tokens: int, salt: int) -> list[R
     options = DecodeOptions(tokens, rules=LogitRules(logit_bias=((end_of_turn_id(handle), -100.0),)))
     probe = Conversation()
     probe.add_text(" ".join(f"w{salt}x0x{i}" for i in range(100)), "user")
-    per_word = layouts.build(probe, add_generation_prompt=True).num_tokens / 100  # tokens a word takes (about)
+    per_word = (
+        layouts.build(probe, add_generation_prompt=True).num_tokens / 100
+    )  # tokens a word takes (about)
     made = []
     for k in range(size):
         conversation = Conversation()
@@ -89,7 +91,7 @@ def engine_arm(handle, size: int, max_batch: int, context: int, tokens: int, sal
         return out
 
     core.runner.batch.step = timed
-    host, decoding, started, padding = [], 0.0, None, []
+    host, decoding, padding = [], 0.0, []
     while core.has_work():
         all_running = all(r.status is Status.RUNNING for r in requests)
         before = len(forward_s)
@@ -98,7 +100,6 @@ def engine_arm(handle, size: int, max_batch: int, context: int, tokens: int, sal
         elapsed = time.perf_counter() - t0
         if (all_running or max_batch == 1) and len(forward_s) > before:
             decoding += elapsed
-            started = started or t0
             host.append(elapsed - forward_s[-1])
             padding.append(core.runner.batch.padding)
     rows = size if max_batch > 1 else 1  # every counted forward ran all B rows (or the one row)

@@ -12,7 +12,6 @@ transformers, and the ``mmkv`` command answers ``--help`` and argument errors at
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 from .errors import (
@@ -30,6 +29,7 @@ from .errors import (
     UnsupportedInputError,
     UnsupportedModelError,
 )
+from .lazy import lazy_attributes
 
 if TYPE_CHECKING:  # for type checkers and readers; at run time these are imported on first use
     from . import mrope, text
@@ -51,16 +51,7 @@ _SUBPACKAGES = frozenset(
 )
 
 
-def __getattr__(name: str):
-    """A public name or subpackage, imported on first use (then kept as a module attribute)."""
-    if name in _LAZY_NAMES:
-        value = getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
-    elif name in _SUBPACKAGES:
-        value = importlib.import_module(f".{name}", __name__)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, globals(), _LAZY_NAMES, _SUBPACKAGES)
 
 
 def __dir__() -> list[str]:

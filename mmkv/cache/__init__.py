@@ -9,8 +9,9 @@ which drops it and reports a miss.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from ..lazy import lazy_attributes
 
 if TYPE_CHECKING:  # imported on first use (torch comes with them), so ``cache.directory`` stays light
     from .codec import CorruptEntryError
@@ -26,16 +27,7 @@ _LAZY_NAMES = {  # public name -> the module that defines it
 _SUBMODULES = frozenset(["codec", "digest", "directory", "disk", "memory", "redis", "store", "sweep"])
 
 
-def __getattr__(name: str):
-    """A public name, imported from its module on first use (then kept as a package attribute)."""
-    if name in _LAZY_NAMES:
-        value = getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f".{name}", __name__)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, globals(), _LAZY_NAMES, _SUBMODULES)
 
 
 __all__ = [

@@ -59,8 +59,8 @@ class DecodeBatch:
         return sum(self._pads)
 
     def join(self, live: LiveCache) -> None:
-        """Add ``live`` (a prefilled cache; its entries are not changed) as the last row. Copies the rows once
-        when the batch grows wider or another row is already held."""
+        """Add ``live`` (a prefilled cache; its entries are not changed) as the last row. Copies every row into
+        a new batch cache once (the rows padded on the left to the new width)."""
         if any(row is live for row in self.rows):
             raise ValueError("this live cache is in the batch already")
         if live.num_tokens == 0:

@@ -29,7 +29,6 @@ import torch
 from ..model.handle import ModelHandle
 from ..runtime import Decoder, ReusePolicy, TurnSources
 from ..runtime.decode import greedy_tokens
-from ..runtime.report import PrefillStats
 from .events import Delta, Done, Failed, First, Started
 from .request import Request
 from .runner import ModelRunner
@@ -56,9 +55,7 @@ class EngineCore:
         self.scheduler = Scheduler(config, handle.kv_bytes_per_token)
         self.runner = ModelRunner(handle, sources, config.prefill_chunk)
         self._pooled: set[int] = set()  # id() of requests whose live cache is the pool's
-        self.steps = 0  # steps taken
         self.decode_steps = 0  # batched decode forwards run
-        self.decoded_tokens = 0  # tokens those forwards computed
         self.last_decode_rows = 0  # rows of the last step's decode forward (0: none ran)
 
     def add(self, request: Request) -> None:
@@ -82,7 +79,6 @@ class EngineCore:
             self._admit(plan.admitted)
         prefilled, logits, decode_error = self._run(plan, finished)  # 2.
         finished += self._postprocess(plan, prefilled, logits, decode_error)  # 3.
-        self.steps += 1
         return finished
 
     # ---------------------------------------------------------------------------------------------- 1.
@@ -121,7 +117,6 @@ class EngineCore:
             try:
                 logits = self.runner.decode(plan.decode)
                 self.decode_steps += 1
-                self.decoded_tokens += len(plan.decode)
             except Exception as exc:
                 error = exc
         return prefilled, logits, error
@@ -180,9 +175,7 @@ class EngineCore:
         self._leave(request, finished)
         if decoder.finish_reason != "cancelled":
             total = time.perf_counter() - request.started
-            request.emit(
-                Done(decoder.answer(request.stats or PrefillStats(), request.ttft_s, total, request.queue_s))
-            )
+            request.emit(Done(decoder.answer(request.stats, request.ttft_s, total, request.queue_s)))
 
     def _fail(self, request: Request, error: BaseException, finished: list[Request]) -> None:
         self._leave(request, finished, check_in=False)

@@ -6,9 +6,9 @@ is imported on first use, so the ``mmkv`` command can check a model name before 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
+from ..lazy import lazy_attributes
 from .registry import ALIASES, SHIPPED, TINY
 
 if TYPE_CHECKING:  # imported on first use
@@ -31,16 +31,7 @@ _LAZY_NAMES = {  # public name -> the module that defines it
 _SUBMODULES = frozenset(["handle", "load", "processor", "reference", "registry", "templates", "tiny"])
 
 
-def __getattr__(name: str):
-    """A public name or submodule, imported on first use (then kept as a package attribute)."""
-    if name in _LAZY_NAMES:
-        value = getattr(importlib.import_module(f".{_LAZY_NAMES[name]}", __name__), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f".{name}", __name__)
-    else:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, globals(), _LAZY_NAMES, _SUBMODULES)
 
 
 __all__ = [

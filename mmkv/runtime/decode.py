@@ -200,18 +200,15 @@ class Decoder:
         if self.should_stop is not None and self.should_stop():  # 1. cancellation, deadlines
             self.finish_reason = "cancelled"
             return None
-        if token is not None:  # 2. chosen with other sequences' (greedy_tokens)
-            pass
-        elif self.constraint is None:
-            scores = options.rules.apply(logits, self.token_ids, self._prompt_ids)
-            masked = scores.index_fill(0, self._banned.to(logits.device), float("-inf"))  # 2. choose
-            token = choose(masked, options.sampling, self._generator)
-        else:  # among the grammar's allowed ids only: the same choice as masking the rest, without a full mask
+        if token is None:  # 2. choose (else chosen already, with other sequences': greedy_tokens)
             scores = options.rules.apply(logits, self.token_ids, self._prompt_ids)
             masked = scores.index_fill(0, self._banned.to(logits.device), float("-inf"))
-            ids = self.constraint.allowed_ids().to(logits.device)  # (allowed,)
-            token = int(ids[choose(masked[ids], options.sampling, self._generator)])
-            self.constraint.advance(token)
+            if self.constraint is None:
+                token = choose(masked, options.sampling, self._generator)
+            else:  # among the grammar's allowed ids only: the same choice as masking the rest, without a full mask
+                ids = self.constraint.allowed_ids().to(logits.device)  # (allowed,)
+                token = int(ids[choose(masked[ids], options.sampling, self._generator)])
+                self.constraint.advance(token)
         logprob = self._logprob(logits, token) if options.logprobs is not None else None
         if logprob is not None:
             self.logprobs.append(logprob)

@@ -31,7 +31,15 @@ from .sources import TurnSources
 T = TypeVar("T")
 
 __all__ = [
-    "MASK_ELEMENTS", "attention_mask", "drain", "execute", "execute_steps", "place_splices", "replace_span", "resolve_features"]
+    "MASK_ELEMENTS",
+    "attention_mask",
+    "drain",
+    "execute",
+    "execute_steps",
+    "place_splices",
+    "replace_span",
+    "resolve_features",
+]
 
 
 def attention_mask(entry_index: torch.Tensor, query_index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -159,7 +167,9 @@ def _num_pads(handle: ModelHandle, token_ids: torch.Tensor) -> int:
     return int((token_ids == handle.processor.image_token_id).sum())
 
 
-def _run_causal(handle, live, layout, computed, features, chunk_tokens) -> Generator[None, None, torch.Tensor]:
+def _run_causal(
+    handle, live, layout, computed, features, chunk_tokens
+) -> Generator[None, None, torch.Tensor]:
     """Contiguous prompt indices ``computed`` on the causal path, ``chunk_tokens`` at a time (None: at once),
     yielding after each call but the last; the last call's logits."""
     size = computed.numel() if chunk_tokens is None else chunk_tokens
