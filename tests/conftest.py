@@ -36,3 +36,14 @@ def random_text_ids(handle: mmkv.ModelHandle, rng: np.random.Generator, length: 
     """``length`` random ordinary (non-special) token ids."""
     first_ordinary = len(QWEN_SPECIAL_TOKENS)  # the tiny tokenizers put the special tokens first
     return torch.as_tensor(rng.integers(first_ordinary, len(handle.tokenizer), size=length), dtype=torch.long)
+
+
+# pyproject's markers of the slow groups
+SLOW_GROUPS = ("browser", "redis", "training", "frameworks", "shipped", "server", "bench")
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Mark every test of a slow group ``slow`` as well, so ``-m "not slow"`` selects the quick subset."""
+    for item in items:
+        if any(item.get_closest_marker(group) for group in SLOW_GROUPS):
+            item.add_marker(pytest.mark.slow)

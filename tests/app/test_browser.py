@@ -24,6 +24,8 @@ from app.trajectory import DEMO_EPISODE_CALLS, DEMO_EPISODE_SEED, TRAJECTORY
 
 from .conftest import REPO, SCREEN_1
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",

@@ -28,6 +28,8 @@ from mmkv.messages import ToolCall
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.shipped
+
 
 def _sources(step) -> list[str]:
     return [image.source for image in step.answer.images]

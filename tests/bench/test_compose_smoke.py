@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bench.compose import growth, main
+
+pytestmark = pytest.mark.bench
 
 
 def test_smoke_times_both_arms_and_loads_the_other_process_segment_bit_for_bit(tmp_path):

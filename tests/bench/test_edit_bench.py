@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.edit import ARMS, run
+
+pytestmark = pytest.mark.bench
 
 
 def test_every_strategy_is_timed_with_its_range_and_cost(tiny_by_name):

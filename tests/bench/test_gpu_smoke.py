@@ -8,7 +8,11 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from bench import gpu
+
+pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 import mmkv
 from bench.grammar import MAKERS, bench, table
+
+pytestmark = pytest.mark.bench
 
 
 def test_grammar_bench_smoke():

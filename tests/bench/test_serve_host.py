@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from bench.serve_host import run
+
+pytestmark = pytest.mark.bench
 
 
 def test_host_time_is_reported_per_turn_and_the_parts_add_up():

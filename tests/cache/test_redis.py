@@ -19,6 +19,8 @@ from mmkv.kv import encode_images
 from tests.conftest import random_image
 from tests.redis_server import RedisServer
 
+pytestmark = pytest.mark.redis
+
 
 @pytest.fixture
 def redis_server():

@@ -12,6 +12,8 @@ import pytest
 from mmkv.cache.redis import MAX_CHUNKS, MAX_MANIFEST_BYTES, RedisTier
 from tests.redis_server import RedisServer
 
+pytestmark = pytest.mark.redis
+
 KEY = "f" * 64 + "/image/" + "d" * 64
 BASE = "mmkv:" + KEY.replace("/", ":")
 WRITE = "a" * 32

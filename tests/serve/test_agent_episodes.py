@@ -18,6 +18,8 @@ from mmkv.model.registry import SHIPPED_DIR
 from .agent_frameworks import pydantic_ai_episode
 from .conftest import RunningServer
 
+pytestmark = pytest.mark.frameworks
+
 TOOL_NAMES = {"click", "fill", "escalate"}
 # Random weights may run fill's free ``text`` argument past max_tokens (its JSON then cut off, which pydantic-ai
 # answers with a retry prompt, not a call): the tiny run forces calls of click (pydantic-ai sends a named

@@ -20,6 +20,8 @@ from tests.runtime.test_grammar import random_object, random_tools
 
 from .conftest import data_url, png, user
 
+pytestmark = pytest.mark.server
+
 MODEL = "tiny-qwen3-vl"
 CLICK = {"type": "function", "function": {"name": "click", "description": "Click a button.", "parameters": {
     "type": "object", "properties": {"target": {"type": "string", "enum": ["approve", "submit"]}},

@@ -9,8 +9,11 @@ import json
 import threading
 
 import httpx
+import pytest
 
 from .conftest import image_part, run_server, user
+
+pytestmark = pytest.mark.server
 
 MODEL = "tiny-qwen3-vl"
 CLICK = {"type": "function", "function": {"name": "click", "description": "Click a button.", "parameters": {

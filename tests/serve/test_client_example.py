@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 import mmkv
 from app.trajectory import NEXT_ACTION, POLICY
 from examples.client import main
 from tests.serve.conftest import RunningServer
+
+pytestmark = pytest.mark.shipped
 
 
 def test_the_readme_client_example_answers_like_a_session_and_reports_its_reuse(tmp_path):

@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 from typing import Literal
 
+import pytest
 from pydantic import BaseModel, Field
+
+pytestmark = pytest.mark.frameworks
 
 MODEL = "tiny-qwen3-vl"
 

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from .conftest import data_url
 
+pytestmark = pytest.mark.server
+
 MODEL = "tiny-qwen3-vl"
 
 numbers = st.one_of(

@@ -22,6 +22,8 @@ from mmkv.serve.protocol import Timeout, TooLarge
 
 from .conftest import run_server, user
 
+pytestmark = pytest.mark.server
+
 HANG = 120.0  # seconds after which a wait is a hang (never the property tested)
 
 

@@ -10,6 +10,8 @@ import pytest
 from mmkv.serve import process as process_module
 from mmkv.serve.process import ServerProcess, free_port
 
+pytestmark = pytest.mark.server
+
 
 def test_a_taken_port_is_retried_on_a_new_one(tmp_path, monkeypatch):
     """The first port handed out is held (listening) by another socket, as another suite's server would: the

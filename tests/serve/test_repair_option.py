@@ -8,6 +8,8 @@ import pytest
 
 from tests.serve.conftest import image_part, run_server, user
 
+pytestmark = pytest.mark.server
+
 # an image of grid (4, 6) on tiny-qwen3-vl: 6 pads and two markers, 7 spliced after a seam of 1
 SPLICED = 7
 MOVED = [

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.redis_server import RedisServer
 from tests.serve.conftest import image_part, run_server, user
+
+pytestmark = pytest.mark.redis
 
 
 def test_an_image_computed_by_one_server_is_a_redis_hit_in_the_other(tmp_path):

@@ -12,6 +12,8 @@ import pytest
 import mmkv
 from tests.serve.conftest import data_url, image_part, png, run_server, user
 
+pytestmark = pytest.mark.server
+
 SYSTEM = {"role": "system", "content": "You operate a desktop app. Reply with one tool call."}
 
 

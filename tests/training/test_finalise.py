@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from training import finalise
+
+pytestmark = pytest.mark.training
 
 
 def _line(step: int, vqa: float, tool: float, final: bool = False) -> dict:

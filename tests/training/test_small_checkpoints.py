@@ -12,6 +12,8 @@ from mmkv.model.registry import SHIPPED, SHIPPED_DIR
 from training.data import collate, encode_sample
 from training.model import build_model
 
+pytestmark = pytest.mark.shipped
+
 
 def _round_trip(handle: mmkv.ModelHandle, tmp_path) -> None:
     """Save ``handle``, load it by directory, and require the same fingerprint and the same logits (to 1e-6: the

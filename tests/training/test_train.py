@@ -19,6 +19,8 @@ from training.data import collate, encode_episode_step, supervised_calls
 from training.model import IMAGE_BOUNDS, load_for_training
 from training.train_small import train
 
+pytestmark = pytest.mark.training
+
 
 @pytest.fixture(scope="module", params=sorted(SHIPPED))
 def handle(request):
