@@ -364,7 +364,7 @@ def row(key: str, label: str, s: dict) -> str:
 
     p50 = s["plain_p50_ms"] or {"median": float("nan"), "min": float("nan"), "max": float("nan")}
     plain_bad = {k: v for k, v in s["plain_statuses"].items() if k != "200"}
-    return (f"{key:14s} {label:7s} {p50['median']:7.0f} [{p50['min']:.0f}-{p50['max']:.0f}]".ljust(48)
+    return (f"{key:14s} {label:7s} {p50['median']:7.0f} [{p50['min']:.0f}-{p50['max']:.0f}]".ljust(47)
             + f"{m('plain_p90_ms')} {m('plain_max_ms')} {m('plain_requests', 4)} {m('health_p50_ms')}/{m('health_max_ms', 6)} "
             f"{m('hostile_requests', 9)} {m('hostile_p50_ms', 6)}/{m('hostile_max_ms', 6)} {s['drain_s']['median']:7.1f} "
             f"{m('rss_peak_mb', 8)}  {dict(sorted(s['hostile_statuses'].items()))}"
