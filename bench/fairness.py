@@ -353,7 +353,7 @@ def bench(args) -> dict:
 
 
 HEADER = (f"{'arm':14s} {'tree':7s} {'plain ms: p50 [range]':23s} {'p90':>7s} {'max':>7s} {'n':>4s} "
-          f"{'health p50/max':>14s} {'hostile n':>9s} {'p50/max ms':>13s} {'drain s':>7s} {'RSS MB':>8s}  hostile statuses")  # fmt: skip
+          f"{'health p50/max':>14s} {'hostile n':>9s} {'p50/max ms':>13s} {'drain s':>7s} {'peak MB':>8s}  hostile statuses")  # fmt: skip
 
 
 def row(key: str, label: str, s: dict) -> str:
