@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.fairness import CLASSES, SALT, body, templates
+
+pytestmark = pytest.mark.bench
 
 ROOT = Path(__file__).resolve().parents[2]
 
