@@ -184,10 +184,17 @@ async def _checked_request(request: Request, engine: Engine, deadline: float) ->
         data += chunk
         if len(data) > config.max_body_bytes:
             raise TooLarge(f"the request body is over the bound of {config.max_body_bytes:,} bytes")
+    return await run_in_threadpool(_parsed, bytes(data), config.names)  # input-sized: never on the loop
+
+
+def _parsed(data: bytes, names: tuple[str, ...]) -> ChatCompletionRequest:
+    """The body's JSON, depth-checked, parsed and validated as a chat request for one of ``names``; raises
+    ``ApiError``. Work in the body's size (megabytes of it take tens of milliseconds): it runs on a worker
+    thread, so the event loop keeps answering other requests and ``/health``."""
     if _depth(data) > MAX_JSON_DEPTH:
         raise BadRequest(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        raw = json.loads(bytes(data))
+        raw = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise BadRequest(f"the request body is not valid JSON ({str(exc)[:200]})") from None
     if not isinstance(raw, dict):
@@ -200,10 +207,8 @@ async def _checked_request(request: Request, engine: Engine, deadline: float) ->
         raise BadRequest(
             f"{refused[0]} is not supported by this server: {refused[1]}", refused[0], "unsupported_parameter"
         )
-    if body.model not in config.names:
-        error = NotFound(
-            f"the model {body.model!r} does not exist; this server serves {list(config.names)}", "model"
-        )
+    if body.model not in names:
+        error = NotFound(f"the model {body.model!r} does not exist; this server serves {list(names)}", "model")
         error.code = "model_not_found"
         raise error
     return body
