@@ -95,8 +95,9 @@ def create_app(engine: Engine) -> FastAPI:
     async def health(request: Request):
         if not config.open_health and (error := _auth(request, config.api_key)) is not None:
             return respond(error, "-")
-        return {"status": "ok", "model": config.model, "queue": engine.worker.num_waiting,
-                "running": engine.worker.num_running}  # fmt: skip
+        state = {"status": "draining" if engine.drain.draining else "ok", "model": config.model,
+                 "queue": engine.worker.num_waiting, "running": engine.worker.num_running}  # fmt: skip
+        return JSONResponse(state, 503, headers={"Retry-After": "1"}) if engine.drain.draining else state
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -124,6 +125,15 @@ def create_app(engine: Engine) -> FastAPI:
     async def chat(request: Request):
         request_id = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
         deadline = time.monotonic() + config.request_timeout_s  # one deadline, from the request's arrival
+        if not engine.drain.admit():
+            return respond(Busy("the server is draining (shutting down); send the request to another replica",
+                                code="draining"), request_id)  # fmt: skip
+        try:
+            return await _chat(request, request_id, deadline)
+        finally:
+            engine.drain.release()
+
+    async def _chat(request: Request, request_id: str, deadline: float):
         try:
             body = await _checked_request(request, engine, deadline)
             fetched = await engine.fetch(body, deadline)  # http(s) images, on the media pool
