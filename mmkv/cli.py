@@ -195,6 +195,9 @@ def _serve_parser(sub) -> None:
     limits.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request's headers")
     limits.add_argument("--body-timeout", type=float, default=60.0, help="seconds for a request's body (408)")
     limits.add_argument("--keep-alive", type=float, default=5.0, help="seconds an idle connection stays open")
+    limits.add_argument("--drain-timeout", type=float, default=30.0,
+                        help="on SIGTERM: new requests get 503 and /health 503 'draining'; seconds the requests "
+                             "held may take before the server exits")  # fmt: skip
     limits.add_argument("--max-connections", type=int, default=512, help="open connections at once")
     limits.add_argument("--max-fetches", type=int, default=8, help="http(s) image fetches at once")
     limits.add_argument("--max-tokens", type=int, default=4096, help="bound on a request's max_tokens")
@@ -242,6 +245,7 @@ def _serve(args) -> None:
             header_timeout_s=args.header_timeout,
             body_timeout_s=args.body_timeout,
             keep_alive_s=args.keep_alive,
+            drain_timeout_s=args.drain_timeout,
             max_connections=args.max_connections,
             max_fetches=args.max_fetches,
             max_body_bytes=args.max_body_bytes,

@@ -95,8 +95,9 @@ def create_app(engine: Engine) -> FastAPI:
     async def health(request: Request):
         if not config.open_health and (error := _auth(request, config.api_key)) is not None:
             return respond(error, "-")
-        return {"status": "ok", "model": config.model, "queue": engine.worker.num_waiting,
-                "running": engine.worker.num_running}  # fmt: skip
+        state = {"status": "draining" if engine.drain.draining else "ok", "model": config.model,
+                 "queue": engine.worker.num_waiting, "running": engine.worker.num_running}  # fmt: skip
+        return JSONResponse(state, 503, headers={"Retry-After": "1"}) if engine.drain.draining else state
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -124,6 +125,15 @@ def create_app(engine: Engine) -> FastAPI:
     async def chat(request: Request):
         request_id = request.state.request_id = f"chatcmpl-{uuid.uuid4().hex}"
         deadline = time.monotonic() + config.request_timeout_s  # one deadline, from the request's arrival
+        if not engine.drain.admit():
+            return respond(Busy("the server is draining (shutting down); send the request to another replica",
+                                code="draining"), request_id)  # fmt: skip
+        try:
+            return await _chat(request, request_id, deadline)
+        finally:
+            engine.drain.release()
+
+    async def _chat(request: Request, request_id: str, deadline: float):
         try:
             body = await _checked_request(request, engine, deadline)
             fetched = await engine.fetch(body, deadline)  # http(s) images, on the media pool
@@ -184,10 +194,17 @@ async def _checked_request(request: Request, engine: Engine, deadline: float) ->
         data += chunk
         if len(data) > config.max_body_bytes:
             raise TooLarge(f"the request body is over the bound of {config.max_body_bytes:,} bytes")
+    return await run_in_threadpool(_parsed, bytes(data), config.names)  # input-sized: never on the loop
+
+
+def _parsed(data: bytes, names: tuple[str, ...]) -> ChatCompletionRequest:
+    """The body's JSON, depth-checked, parsed and validated as a chat request for one of ``names``; raises
+    ``ApiError``. Work in the body's size (megabytes of it take tens of milliseconds): it runs on a worker
+    thread, so the event loop keeps answering other requests and ``/health``."""
     if _depth(data) > MAX_JSON_DEPTH:
         raise BadRequest(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        raw = json.loads(bytes(data))
+        raw = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise BadRequest(f"the request body is not valid JSON ({str(exc)[:200]})") from None
     if not isinstance(raw, dict):
@@ -200,10 +217,8 @@ async def _checked_request(request: Request, engine: Engine, deadline: float) ->
         raise BadRequest(
             f"{refused[0]} is not supported by this server: {refused[1]}", refused[0], "unsupported_parameter"
         )
-    if body.model not in config.names:
-        error = NotFound(
-            f"the model {body.model!r} does not exist; this server serves {list(config.names)}", "model"
-        )
+    if body.model not in names:
+        error = NotFound(f"the model {body.model!r} does not exist; this server serves {list(names)}", "model")
         error.code = "model_not_found"
         raise error
     return body

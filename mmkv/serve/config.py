@@ -49,6 +49,7 @@ class ServerConfig:
     header_timeout_s: float = 10.0  # a connection whose request headers are not complete by then is closed
     body_timeout_s: float = 60.0  # a request body not received by then gets 408
     keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    drain_timeout_s: float = 30.0  # on SIGTERM: how long the requests held may take before the server exits
     max_connections: int = 512  # open connections at once; more are closed at once
     # sizes
     max_body_bytes: int = 64 << 20  # request bodies over this get 413
@@ -77,6 +78,7 @@ class ServerConfig:
             "header_timeout_s",
             "body_timeout_s",
             "keep_alive_s",
+            "drain_timeout_s",
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:

@@ -28,6 +28,7 @@ from ..runtime.decode import end_of_turn_id
 from ..runtime.grammar import GrammarSpec, TokenConstraint, constraint_for, set_cache_bytes, vocabulary_of
 from .budget import ByteBudget, decode_bytes
 from .config import ServerConfig
+from .drain import Drain
 from .intake import Intake, bytes_key, low_detail, read_request
 from .media import MediaError, MediaPolicy, read_image_url, read_image_url_async
 from .metrics import Metrics
@@ -67,7 +68,12 @@ class Engine:
         self.end_of_turn = end_of_turn_id(self.handle)
         vocabulary_of(self.handle)  # the grammar engine's view of the tokenizer, built now, not by a request
         set_cache_bytes(config.grammar_cache_bytes)  # (the grammar cache is the process's)
+        self.drain = Drain()  # SIGTERM: refuse new requests, answer the ones held (``drain``)
         self.started = time.time()
+
+    def busy(self) -> bool:
+        """Whether the model worker holds a request (queued, prefilling or decoding)."""
+        return bool(self.worker.num_waiting or self.worker.num_running)
 
     async def fetch(self, body: ChatCompletionRequest, deadline: float) -> dict[str, bytes]:
         """The bytes of every http(s) image URL in ``body``, fetched on the media pool without holding a thread
