@@ -21,6 +21,7 @@ import re
 import time
 import uuid
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
@@ -225,25 +226,21 @@ def _parsed(data: bytes, names: tuple[str, ...]) -> ChatCompletionRequest:
 
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string, escapes included (unrolled)
-_BRACKET = re.compile(rb"[\[\]{}]")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 def _depth(data: bytes | bytearray) -> int:
-    """The deepest nesting of brackets in JSON text (strings skipped), counted without parsing: the strings are
-    cut out by one regular-expression pass (C speed, so a 20 MiB image URL costs milliseconds, not seconds of
-    Python), then only the brackets left are walked.
+    """The deepest nesting of brackets in JSON text (strings skipped), counted without parsing and without a
+    Python loop: the strings are cut out by one regular-expression pass, every byte but a bracket deleted, and
+    the depth is the running sum's maximum (numpy), so a 20 MiB image URL or 300 KB of nested schema costs
+    milliseconds, not a per-bracket walk holding the interpreter.
 
-    >>> _depth(b'{"a": [1, {"b": "]]]"}]}'), _depth(b'[]'), _depth(b'"x"')
-    (3, 1, 0)
+    >>> _depth(b'{"a": [1, {"b": "]]]"}]}'), _depth(b'[]'), _depth(b'"x"'), _depth(b'][[')
+    (3, 1, 0, 1)
     """
-    depth = deepest = 0
-    for match in _BRACKET.finditer(_STRING.sub(b"", bytes(data))):
-        if match.group() in (b"[", b"{"):
-            depth += 1
-            deepest = max(deepest, depth)
-        else:
-            depth -= 1
-    return deepest
+    brackets = np.frombuffer(_STRING.sub(b"", bytes(data)).translate(None, _NOT_BRACKETS), dtype=np.uint8)
+    steps = np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1)  # (num_brackets,)
+    return int(np.cumsum(steps).max(initial=0))
 
 
 async def _next_event(request: Request, engine: Engine, job: Job):
