@@ -58,6 +58,10 @@ __all__ = ["create_app"]
 
 log = logging.getLogger("mmkv.serve")
 MAX_JSON_DEPTH = 64  # request JSON nested deeper than this is refused before parsing
+# a body holding more objects and arrays than this (a schema of thousands of nodes; an agent's turn holds a few
+# hundred) is parsed and validated one at a time per server, waiting its turn without a thread: tens of such
+# bodies at once would otherwise hold the interpreter and starve the model thread and every other request
+HEAVY_BODY_BRACKETS = 4096
 DISCONNECT_CHECK_S = 0.25  # how often a waiting request looks whether its client is still there
 
 
@@ -66,6 +70,7 @@ def create_app(engine: Engine) -> FastAPI:
     config, metrics = engine.config, engine.metrics
     app = FastAPI(title="mmkv", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
+    app.state.heavy_bodies = asyncio.Semaphore(1)  # the one turn at parsing a HEAVY_BODY_BRACKETS body
 
     def respond(error: ApiError, request_id: str) -> JSONResponse:
         metrics.requests.labels(str(error.status)).inc()
@@ -195,15 +200,27 @@ async def _checked_request(request: Request, engine: Engine, deadline: float) ->
         data += chunk
         if len(data) > config.max_body_bytes:
             raise TooLarge(f"the request body is over the bound of {config.max_body_bytes:,} bytes")
-    return await run_in_threadpool(_parsed, bytes(data), config.names)  # input-sized: never on the loop
+    data = bytes(data)
+    depth, brackets = await run_in_threadpool(_shape, data)  # input-sized: never on the loop
+    if depth > MAX_JSON_DEPTH:
+        raise BadRequest(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
+    if brackets <= HEAVY_BODY_BRACKETS:
+        return await run_in_threadpool(_parsed, data, config.names)
+    turn: asyncio.Semaphore = request.app.state.heavy_bodies
+    try:
+        await asyncio.wait_for(turn.acquire(), max(0.0, deadline - time.monotonic()))
+    except TimeoutError:
+        raise Timeout("the request timed out while its body waited for other large JSON bodies") from None
+    try:
+        return await run_in_threadpool(_parsed, data, config.names)
+    finally:
+        turn.release()
 
 
 def _parsed(data: bytes, names: tuple[str, ...]) -> ChatCompletionRequest:
-    """The body's JSON, depth-checked, parsed and validated as a chat request for one of ``names``; raises
-    ``ApiError``. Work in the body's size (megabytes of it take tens of milliseconds): it runs on a worker
-    thread, so the event loop keeps answering other requests and ``/health``."""
-    if _depth(data) > MAX_JSON_DEPTH:
-        raise BadRequest(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
+    """The body's JSON (its depth checked by ``_shape``), parsed and validated as a chat request for one of
+    ``names``; raises ``ApiError``. Work in the body's size (megabytes of it take tens of milliseconds): it runs
+    on a worker thread, so the event loop keeps answering other requests and ``/health``."""
     try:
         raw = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -229,18 +246,24 @@ _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string, 
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 
-def _depth(data: bytes | bytearray) -> int:
-    """The deepest nesting of brackets in JSON text (strings skipped), counted without parsing and without a
-    Python loop: the strings are cut out by one regular-expression pass, every byte but a bracket deleted, and
-    the depth is the running sum's maximum (numpy), so a 20 MiB image URL or 300 KB of nested schema costs
-    milliseconds, not a per-bracket walk holding the interpreter.
+def _shape(data: bytes | bytearray) -> tuple[int, int]:
+    """``(depth, brackets)`` of JSON text: the deepest nesting of brackets and how many opening brackets (objects
+    and arrays) it holds, strings skipped, counted without parsing and without a Python loop: the strings are
+    cut out by one regular-expression pass, every byte but a bracket deleted, and the depth is the running sum's
+    maximum (numpy), so a 20 MiB image URL or 300 KB of nested schema costs milliseconds, not a per-bracket walk
+    holding the interpreter.
 
-    >>> _depth(b'{"a": [1, {"b": "]]]"}]}'), _depth(b'[]'), _depth(b'"x"'), _depth(b'][[')
-    (3, 1, 0, 1)
+    >>> _shape(b'{"a": [1, {"b": "]]]"}]}'), _shape(b'[]'), _shape(b'"x"'), _shape(b'][[')
+    ((3, 3), (1, 1), (0, 0), (1, 2))
     """
     brackets = np.frombuffer(_STRING.sub(b"", bytes(data)).translate(None, _NOT_BRACKETS), dtype=np.uint8)
-    steps = np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1)  # (num_brackets,)
-    return int(np.cumsum(steps).max(initial=0))
+    opening = (brackets == ord("[")) | (brackets == ord("{"))  # (num_brackets,)
+    return int(np.cumsum(np.where(opening, 1, -1)).max(initial=0)), int(opening.sum())
+
+
+def _depth(data: bytes | bytearray) -> int:
+    """The deepest nesting of brackets in JSON text (``_shape``'s first half)."""
+    return _shape(data)[0]
 
 
 async def _next_event(request: Request, engine: Engine, job: Job):
