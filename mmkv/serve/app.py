@@ -15,6 +15,7 @@ that. ``/v1/responses`` (the Responses API) is not served: a 404 error object sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
@@ -59,7 +60,7 @@ __all__ = ["create_app"]
 log = logging.getLogger("mmkv.serve")
 MAX_JSON_DEPTH = 64  # request JSON nested deeper than this is refused before parsing
 # a body holding more objects and arrays than this (a schema of thousands of nodes; an agent's turn holds a few
-# hundred) is parsed and validated one at a time per server, waiting its turn without a thread: tens of such
+# hundred) is taken in one at a time per server (parsed, checked, laid out), waiting without a thread: tens of such
 # bodies at once would otherwise hold the interpreter and starve the model thread and every other request
 HEAVY_BODY_BRACKETS = 4096
 DISCONNECT_CHECK_S = 0.25  # how often a waiting request looks whether its client is still there
@@ -140,15 +141,16 @@ def create_app(engine: Engine) -> FastAPI:
             engine.drain.release()
 
     async def _chat(request: Request, request_id: str, deadline: float):
-        try:
-            body = await _checked_request(request, engine, deadline)
-            fetched = await engine.fetch(body, deadline)  # http(s) images, on the media pool
-            intake = await run_in_threadpool(engine.intake, body, fetched, deadline)
-            constraint = await engine.constraint(intake.grammar, deadline)  # on a worker thread
-            loop = asyncio.get_running_loop()
-            job = await run_in_threadpool(engine.prepare, body, intake, constraint, deadline, loop)  # the layout
-        except (ApiError, MediaError, MmkvError, ValueError) as exc:
-            return respond(as_api_error(exc), request_id)
+        async with contextlib.AsyncExitStack() as held:  # a heavy body's turn, held until its job is built
+            try:
+                body = await _checked_request(request, engine, deadline, held)
+                fetched = await engine.fetch(body, deadline)  # http(s) images, on the media pool
+                intake = await run_in_threadpool(engine.intake, body, fetched, deadline)
+                constraint = await engine.constraint(intake.grammar, deadline)  # on a worker thread
+                loop = asyncio.get_running_loop()
+                job = await run_in_threadpool(engine.prepare, body, intake, constraint, deadline, loop)
+            except (ApiError, MediaError, MmkvError, ValueError) as exc:
+                return respond(as_api_error(exc), request_id)
         try:
             engine.worker.submit(job.request)
         except QueueFull:
@@ -175,9 +177,14 @@ def _auth(request: Request, api_key: str | None) -> ApiError | None:
     return Unauthorized("a valid API key is required (Authorization: Bearer <key>)")
 
 
-async def _checked_request(request: Request, engine: Engine, deadline: float) -> ChatCompletionRequest:
+async def _checked_request(
+    request: Request, engine: Engine, deadline: float, held: contextlib.AsyncExitStack
+) -> ChatCompletionRequest:
     """The request's body, read within its size and time bounds (``body_timeout_s``: 408; the request's
-    ``deadline``: 504) and validated; raises ``ApiError``."""
+    ``deadline``: 504) and validated; raises ``ApiError``. A heavy body (over ``HEAVY_BODY_BRACKETS``) first
+    takes the server's one turn at heavy bodies, entered into ``held``: the caller keeps it through the intake,
+    the schema checks and the layout, so that such requests run one at a time and leave the interpreter to the
+    model thread and the light requests."""
     config = engine.config
     if (error := _auth(request, config.api_key)) is not None:
         raise error
@@ -204,17 +211,22 @@ async def _checked_request(request: Request, engine: Engine, deadline: float) ->
     depth, brackets = await run_in_threadpool(_shape, data)  # input-sized: never on the loop
     if depth > MAX_JSON_DEPTH:
         raise BadRequest(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
-    if brackets <= HEAVY_BODY_BRACKETS:
-        return await run_in_threadpool(_parsed, data, config.names)
-    turn: asyncio.Semaphore = request.app.state.heavy_bodies
+    if brackets > HEAVY_BODY_BRACKETS:
+        await held.enter_async_context(_turn(request.app.state.heavy_bodies, deadline))
+    return await run_in_threadpool(_parsed, data, config.names)
+
+
+@contextlib.asynccontextmanager
+async def _turn(semaphore: asyncio.Semaphore, deadline: float):
+    """Hold ``semaphore`` (waiting on the loop, no thread held) until ``deadline`` at most: ``Timeout`` then."""
     try:
-        await asyncio.wait_for(turn.acquire(), max(0.0, deadline - time.monotonic()))
+        await asyncio.wait_for(semaphore.acquire(), max(0.0, deadline - time.monotonic()))
     except TimeoutError:
         raise Timeout("the request timed out while its body waited for other large JSON bodies") from None
     try:
-        return await run_in_threadpool(_parsed, data, config.names)
+        yield
     finally:
-        turn.release()
+        semaphore.release()
 
 
 def _parsed(data: bytes, names: tuple[str, ...]) -> ChatCompletionRequest:
