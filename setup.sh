@@ -9,4 +9,4 @@ torch_spec="${MMKV_TORCH:-torch==2.13.0}"
 if [ "$torch_spec" != "skip" ] && ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/python -m pip install -q "$torch_spec"
 fi
-.venv/bin/python -m pip install -q -e ".[dev]"
+.venv/bin/python -m pip install -q -e ".[dev,gateway]"

@@ -39,7 +39,7 @@ def random_text_ids(handle: mmkv.ModelHandle, rng: np.random.Generator, length: 
 
 
 # pyproject's markers of the slow groups
-SLOW_GROUPS = ("browser", "redis", "training", "frameworks", "shipped", "server", "bench")
+SLOW_GROUPS = ("browser", "redis", "training", "frameworks", "shipped", "server", "bench", "gateway")
 
 
 def pytest_collection_modifyitems(items) -> None:

@@ -78,6 +78,19 @@ class ServerProcess:
                 raise RuntimeError(f"the server did not come up: {self._log_end()}")
             time.sleep(0.2)
 
+    def kill(self) -> None:
+        """SIGKILL the server (a fault test's crash: no drain, nothing flushed) and reap it."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def restart(self) -> None:
+        """Start the server again on the same port (a replica rejoining behind a gateway); raises
+        ``RuntimeError`` if it does not come up or the port was taken meanwhile."""
+        self.kill()
+        if not self._start():
+            raise RuntimeError(f"port {self.port} was taken before the server could bind it again")
+
     def __exit__(self, *exc) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()

@@ -1,0 +1,197 @@
+"""Replicas behind the real gateway (SMG, the ``gateway`` extra) on one real ``redis-server``, driven with the
+official openai client: the answers a single server gives, a conversation kept on its replica, screenshots shared
+through Redis, and the faults (a replica SIGKILLed mid-answer, restarted; Redis killed)."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import openai
+import pytest
+
+from mmkv.envs import DesktopApp, image_data_url, keep_last_screenshots, tool_result_messages
+from mmkv.model.tiny import QWEN_SPECIAL_TOKENS
+from mmkv.serve.gateway import GatewayProcess, gateway_binary
+from tests.redis_server import RedisServer
+from tests.serve.conftest import image_part, run_server, user
+
+pytestmark = [pytest.mark.gateway, pytest.mark.redis]
+MODEL = "tiny-qwen3-vl"
+END_OF_TURN = str(QWEN_SPECIAL_TOKENS.index("<|im_end|>"))  # the tiny tokenizers put special tokens first
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Redis, replicas ``a`` and ``b`` on it, ``single`` (a server of its own, the reference) and the gateway
+    (``cache_aware``) over ``a`` and ``b``."""
+    if gateway_binary() is None:
+        pytest.skip('the smg gateway is not installed (pip install -e ".[gateway]"; .ci/run installs it)')
+    tmp = tmp_path_factory.mktemp("fleet")
+    for name in ("a", "b", "single"):
+        (tmp / name).mkdir()
+    with RedisServer() as redis_server, run_server(tmp / "a", "--store", redis_server.url) as a, \
+            run_server(tmp / "b", "--store", redis_server.url) as b, run_server(tmp / "single") as single, \
+            GatewayProcess([a.base_url, b.base_url], tmp / "gateway.log") as gateway:  # fmt: skip
+        yield type("Fleet", (), {"redis": redis_server, "a": a, "b": b, "single": single, "gateway": gateway,
+                                 "tmp": tmp})  # fmt: skip
+
+
+def _client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _episode(client: openai.OpenAI, seed: int, steps: int) -> list[dict]:
+    """A desktop agent's episode as an agent runs it (tool_choice required, the history resent with the last 2
+    screenshots): per request its answer (the call or the text) and the server's report."""
+    app = DesktopApp("heldout")
+    first = app.reset(seed)
+    messages = [{"role": "system", "content": app.policy},
+                {"role": "user", "content": [{"type": "text", "text": first.text},
+                                             {"type": "image_url", "image_url": {"url": image_data_url(first.image)}}]}]  # fmt: skip
+    out = []
+    for _ in range(steps):
+        reply = client.chat.completions.create(
+            model=MODEL, messages=keep_last_screenshots(messages, 2), tools=app.tools(), tool_choice="required",
+            parallel_tool_calls=False, max_tokens=48, temperature=0,
+        )  # fmt: skip
+        (call,) = reply.choices[0].message.tool_calls
+        out.append({"call": (call.function.name, call.function.arguments), "mmkv": reply.model_extra["mmkv"],
+                    "cached": reply.usage.prompt_tokens_details.cached_tokens})  # fmt: skip
+        messages.append({"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": call.function.name, "arguments": call.function.arguments}}]})  # fmt: skip
+        try:
+            arguments = json.loads(call.function.arguments)
+        except json.JSONDecodeError:
+            arguments = {}
+        outcome = app.step(call.function.name, arguments if isinstance(arguments, dict) else {})
+        messages += tool_result_messages(call.id, outcome.text, outcome.image, "tool")
+        if app.done:
+            break
+    return out
+
+
+def _answered(server) -> int:
+    """How many chat requests ``server`` has answered with 200 (its /metrics)."""
+    for line in server.get("/metrics").text.splitlines():
+        if line.startswith('mmkv_requests_total{status="200"}'):
+            return int(float(line.split()[-1]))
+    return 0
+
+
+def test_agents_through_the_gateway_get_a_single_servers_answers_from_their_replicas_pool(fleet):
+    """Three tool-calling agents at once through the gateway: every call equals the one a single server chooses
+    for the same episode. Then agents one at a time: each conversation's requests all land on one replica, and
+    from the second on it continues from that replica's pool and stores (no screenshot recomputed or fetched
+    from Redis, most of the prompt cached)."""
+    through = {}
+
+    def agent(seed: int) -> None:
+        through[seed] = _episode(_client(fleet.gateway.base_url), seed, 3)
+
+    threads = [threading.Thread(target=agent, args=(seed,)) for seed in (11, 12, 13)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for seed in (11, 12, 13):
+        alone = _episode(_client(fleet.single.base_url), seed, 3)
+        assert [step["call"] for step in through[seed]] == [step["call"] for step in alone]
+    for seed in (21, 22):
+        before = (_answered(fleet.a), _answered(fleet.b))
+        steps = _episode(_client(fleet.gateway.base_url), seed, 3)
+        served = (_answered(fleet.a) - before[0], _answered(fleet.b) - before[1])
+        assert len(steps) >= 2 and sorted(served) == [0, len(steps)], served
+        for step in steps[1:]:
+            kept = [image["source"] for image in step["mmkv"]["images"]][:-1]  # the newest screenshot is new
+            assert kept and set(kept) <= {"live", "memory"}, step["mmkv"]["images"]
+            assert step["cached"] > step["mmkv"]["prefilled_tokens"]
+
+
+def test_a_screenshot_first_seen_on_one_replica_is_a_redis_hit_on_the_other(fleet):
+    """Round robin over the same replicas: two new conversations sharing a screenshot land on different replicas;
+    the second gets its KV from Redis and answers as the single server does."""
+    with GatewayProcess(
+        [fleet.a.base_url, fleet.b.base_url], fleet.tmp / "rr.log", policy="round_robin"
+    ) as rr:
+        sources, answers = [], []
+        for question in ("What is on the screen?", "Which button is red?"):
+            messages = [user(image_part(501), question)]
+            reply = _client(rr.base_url).chat.completions.create(model=MODEL, messages=messages, max_tokens=6,
+                                                                 temperature=0)  # fmt: skip
+            sources += [image["source"] for image in reply.model_extra["mmkv"]["images"]]
+            single = _client(fleet.single.base_url).chat.completions.create(model=MODEL, messages=messages,
+                                                                            max_tokens=6, temperature=0)  # fmt: skip
+            answers.append((reply.choices[0].message.content, single.choices[0].message.content))
+    assert sources == ["computed", "redis"]
+    assert all(ours == theirs for ours, theirs in answers)
+
+
+def _long_stream(base_url: str, seed: int):
+    """A streamed answer of 400 tokens (the end of turn biased away)."""
+    return httpx.stream("POST", f"{base_url}/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": [user(image_part(seed), "Describe everything.")], "max_tokens": 400,
+        "temperature": 0, "stream": True, "logit_bias": {END_OF_TURN: -100, "0": -100}})  # fmt: skip
+
+
+def _holder(fleet):
+    """The replica answering a request now (its /health counts one running), and the other one."""
+    for _ in range(500):
+        for server, other in ((fleet.a, fleet.b), (fleet.b, fleet.a)):
+            if httpx.get(f"{server.base_url}/health", timeout=5).json()["running"]:
+                return server, other
+    raise AssertionError("no replica ever ran the request")
+
+
+def test_a_replica_killed_mid_answer_fails_cleanly_the_survivor_serves_from_redis_and_it_rejoins(fleet):
+    """SIGKILL the replica holding a streamed answer: the client's stream ends short without a finish it did
+    not reach; the gateway stops routing to it; a conversation that replica served goes on at the survivor with
+    its screenshot from Redis and the single server's answer; restarted, the replica rejoins and
+    answers. Then Redis is killed: the replicas fall back to their own tiers, the gateway keeps routing, and
+    the answers stay the single server's."""
+    gateway, client = fleet.gateway, _client(fleet.gateway.base_url)
+    seen = [user(image_part(601), "What is on the screen?")]
+    finish = None
+    with _long_stream(gateway.base_url, 602) as stream:
+        lines = stream.iter_lines()
+        assert next(lines).startswith("data: ")
+        dead, _ = _holder(fleet)
+        first = _client(dead.base_url).chat.completions.create(model=MODEL, messages=seen, max_tokens=6,
+                                                               temperature=0)  # fmt: skip
+        assert [image["source"] for image in first.model_extra["mmkv"]["images"]] == ["computed"]
+        dead.kill()
+        try:
+            for line in lines:
+                if line.startswith("data: {"):
+                    event = json.loads(line[6:])
+                    finish = (event.get("choices") or [{}])[0].get("finish_reason") or finish
+                    assert "error" not in event or event["error"]["message"]
+        except httpx.HTTPError:
+            pass  # the connection cut: the client sees the stream end without a finish
+    assert finish in (None, "error")  # never a "length" or "stop" it did not reach
+    gateway.wait_healthy(1)
+    again = client.chat.completions.create(model=MODEL, messages=seen, max_tokens=6, temperature=0)
+    assert again.choices[0].message.content == first.choices[0].message.content
+    assert [image["source"] for image in again.model_extra["mmkv"]["images"]] == ["redis"]
+    single = _client(fleet.single.base_url).chat.completions.create(model=MODEL, messages=seen, max_tokens=6,
+                                                                    temperature=0)  # fmt: skip
+    assert again.choices[0].message.content == single.choices[0].message.content
+    dead.restart()
+    gateway.wait_healthy(2)
+    assert dead.get("/health").json()["status"] == "ok"
+
+    fleet.redis.kill()
+    try:
+        for seed in (603, 604, 605):
+            messages = [user(image_part(seed), "What is on the screen?")]
+            reply = client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=6, temperature=0
+            )
+            single = _client(fleet.single.base_url).chat.completions.create(model=MODEL, messages=messages,
+                                                                            max_tokens=6, temperature=0)  # fmt: skip
+            assert reply.choices[0].message.content == single.choices[0].message.content
+            assert [image["source"] for image in reply.model_extra["mmkv"]["images"]] == ["computed"]
+        assert gateway.healthy_workers() == 2
+    finally:
+        fleet.redis.start()
