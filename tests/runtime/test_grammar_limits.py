@@ -24,6 +24,7 @@ from mmkv.runtime.grammar import (
     limits,
     set_cache_bytes,
     tool_calls,
+    tool_calls_or,
     vocabulary_of,
 )
 from mmkv.runtime.json_schemas import MAX_SCHEMA_DEPTH, MAX_SCHEMA_NODES, _check_bounds
@@ -68,23 +69,30 @@ LIMITS = {
 
 def built(schema: dict, how: str, handle: mmkv.ModelHandle):
     """The grammar for ``schema`` as ``how`` asks (a response format, a tool's parameters under a required or
-    a named choice), compiled for ``handle``'s tokenizer."""
+    a named choice, a response format that a small tool's call may replace: tool_choice auto), compiled for
+    ``handle``'s tokenizer."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    small = [{"type": "function", "function": {"name": "g", "parameters": {"type": "object"}}}]
     spec = {
         "json_schema": lambda: json_schema(schema),
         "required": lambda: tool_calls(tools, "required", parallel=True),
         "named": lambda: tool_calls(tools, {"name": "f"}),
+        "tools or json_schema": lambda: tool_calls_or(tool_calls(small, "required"), json_schema(schema)),
     }[how]()
     return compile_grammar(vocabulary_of(handle), spec)
 
 
-@pytest.mark.parametrize("how", ["json_schema", "required", "named"])
+HOWS = ["json_schema", "required", "named", "tools or json_schema"]
+
+
+@pytest.mark.parametrize("how", HOWS)
 @pytest.mark.parametrize("form", list(LIMITS))
 def test_a_schema_past_the_engines_limits_cannot_be_enforced(handle, form, how):
     """Recursion with no way out (a required $ref cycle, the root, two definitions naming each other), more
     properties than the node bound or the engine's row of items, anyOf nested past the depth bound: each a
-    GrammarError saying "cannot be enforced" and what to send instead, as a response format and as a tool's
-    parameters under either choice; never another exception."""
+    GrammarError saying "cannot be enforced" and what to send instead, when compiled (not mid-answer), as a
+    response format, as a tool's parameters under either choice, and as the format a tool call may replace
+    (whose grammar starts with a choice: no forced token to probe through); never another exception."""
     with pytest.raises(GrammarError, match="cannot be enforced") as caught:
         built(fresh(LIMITS[form]), how, handle)
     message = str(caught.value)
@@ -93,7 +101,8 @@ def test_a_schema_past_the_engines_limits_cannot_be_enforced(handle, form, how):
 
 def test_a_constant_of_a_megabyte_cannot_be_enforced(handle):
     """A 1 MB const is refused when compiled (the engine's lexer bound: "too many expressions"), as a
-    GrammarError saying "cannot be enforced" and to send shorter constants; the engine is usable after."""
+    GrammarError saying "cannot be enforced" and to send shorter constants (as a branch too: the server's
+    tests); the engine is usable after."""
     schema = {"type": "object", "properties": {"x": {"const": "ab" * 500_000}}, "required": ["x"]}
     with pytest.raises(GrammarError, match="cannot be enforced.*shorter constants"):
         built(fresh(schema), "json_schema", handle)
