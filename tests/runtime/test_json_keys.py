@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 import mmkv
+from mmkv.errors import GrammarError
 from mmkv.model.tiny import QWEN_SPECIAL_TOKENS
 from mmkv.runtime.grammar import (
     Vocabulary,
@@ -295,3 +296,18 @@ def test_without_the_guard_those_answers_repeat_keys(which, tiny_vocab, merging_
         except ValueError:
             repeated += 1
     assert repeated > 0
+
+
+@pytest.mark.xfail(strict=True, raises=GrammarError, reason="known: the guard looks one token ahead only")
+def test_a_map_whose_keys_run_out_is_not_driven_into_a_dead_end(tiny_vocab):
+    """An object whose only possible key is "a" (patternProperties ^a$, nothing else): once "a" is written the
+    grammar still offers ', "', after which every token would repeat "a", so the engine stops mid-answer (a 400
+    for a valid schema). Known and left: removing the separator needs a look past the next token."""
+    schema = {
+        "type": "object",
+        "patternProperties": {"^a$": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    compiled = compile_grammar(tiny_vocab, json_schema(schema))
+    for seed in range(3):
+        strict_loads(drive_to_repeat(compiled.start(), tiny_vocab, seed=seed).decode())
