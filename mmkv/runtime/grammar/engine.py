@@ -132,10 +132,14 @@ def build_grammar(vocab: Vocabulary, spec: GrammarSpec) -> CompiledGrammar:
 def compile_grammar(vocab: Vocabulary, spec: GrammarSpec, deadline: float | None = None) -> CompiledGrammar:
     """``build_grammar`` once per (vocabulary, spec), kept in the grammar cache (declared at
     ``COMPILED_BASE_BYTES + COMPILED_BYTES_PER_LARK_BYTE`` per byte of its Lark text); a compile waits for the
-    heavy turn until ``deadline``. Raises ``GrammarError`` (``GrammarTimeoutError`` past the deadline)."""
+    heavy turn until ``deadline``. A spec that joins others (``spec.parts``) compiles them first, so that an
+    engine limit of either branch is refused here. Raises ``GrammarError`` (``GrammarTimeoutError`` past the
+    deadline)."""
     key = ("compiled", vocab, spec)
     compiled = grammar_cache().get(key)
     if compiled is None:
+        for part in spec.parts:
+            compile_grammar(vocab, part, deadline)
         with _heavy_turn(deadline):
             compiled = grammar_cache().get(key) or build_grammar(vocab, spec)
         grammar_cache().put(

@@ -56,6 +56,9 @@ class GrammarSpec:
     lark: str  # the grammar; a tool-call grammar uses the rules tool_call_open / tool_call_close, left undefined
     label: str = field(default="", compare=False)  # for messages and logs: "tool_calls(named: wait)"
     warnings: tuple[str, ...] = field(default=(), compare=False)  # schema keywords ignored (not strict)
+    # the specs it joins (tool_calls_or), compiled and probed each on its own first: the joined grammar starts
+    # with a choice, so it has no forced tokens to probe an engine limit of a branch through
+    parts: tuple[GrammarSpec, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
@@ -64,7 +67,9 @@ class GrammarSpec:
             raise ValueError(f"a grammar spec's Lark text starts with its start rule, got {self.lark[:40]!r}")
 
 
-def _validated(kind: GrammarKind, lark: str, label: str, warnings: tuple[str, ...]) -> GrammarSpec:
+def _validated(
+    kind: GrammarKind, lark: str, label: str, warnings: tuple[str, ...], parts: tuple[GrammarSpec, ...] = ()
+) -> GrammarSpec:
     """The spec, after the whole grammar passes the engine's check (its parts were checked one by one)."""
     checked = lark + ("\n" + _TEXT_TAGS if kind == "tool_calls" else "")
     is_error, messages = LLMatcher.validate_grammar_with_warnings(
@@ -73,7 +78,7 @@ def _validated(kind: GrammarKind, lark: str, label: str, warnings: tuple[str, ..
     if is_error:
         reason = messages[0].strip().splitlines()[0][:300]
         raise GrammarError(f"{label}: the grammar engine refused it: {reason}")
-    return GrammarSpec(kind, lark, label, warnings)
+    return GrammarSpec(kind, lark, label, warnings, parts)
 
 
 def json_object(deadline: float | None = None) -> GrammarSpec:
@@ -205,6 +210,7 @@ def tool_calls_or(
             *tools_rules, *answer_rules,
         ]) + "\n"  # fmt: skip
         label = f"{tools_spec.label} or {answer_spec.label}"
-        return _validated("tool_calls", lark, label, tools_spec.warnings + answer_spec.warnings)
+        warnings = tools_spec.warnings + answer_spec.warnings
+        return _validated("tool_calls", lark, label, warnings, (tools_spec, answer_spec))
 
     return _cached_spec(("tool_calls_or", tools_spec.lark, answer_spec.lark), deadline, make)

@@ -252,10 +252,16 @@ class ChatCompletionRequest(_In):
             return "stream_options.include_obfuscation", "obfuscation padding is not supported"
         if self.top_logprobs is not None and not self.logprobs:
             return "top_logprobs", "top_logprobs needs logprobs: true"
-        if self.response_format is not None and self.response_format.type != "text" and self.tools:
-            if self.tool_choice in ("required",) or isinstance(self.tool_choice, NamedToolChoice):
-                return (
-                    "response_format",
-                    "a response format with a required or named tool choice (the answer is a call)",
-                )
+        is_format = self.response_format is not None and self.response_format.type != "text"
+        is_call = bool(self.tools) and (
+            self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+        )
+        if is_format and is_call:
+            return (
+                "response_format",
+                "a response format with a required or named tool choice (the answer is a call)",
+            )
+        if self.stop and (is_format or is_call):
+            return "stop", ("a stop sequence would cut an answer that must be JSON or tool calls (a JSON response "
+                            "format, a required or named tool choice) short; send it without stop")  # fmt: skip
         return None
