@@ -43,12 +43,18 @@ def gateway_binary() -> str | None:
 
 
 def gateway_command(
-    binary: str, workers: list[str], port: int, policy: str = AGENT_POLICY, metrics_port: int | None = None
-) -> list[str]:
-    """The ``smg launch`` command line for ``workers`` (base URLs) on 127.0.0.1:``port``. Pure."""
+    binary: str, workers: list[str], port: int, policy: str = AGENT_POLICY, metrics_port: int | None = None,
+    extra: tuple[str, ...] = (),
+) -> list[str]:  # fmt: skip
+    """The ``smg launch`` command line for ``workers`` (base URLs) on 127.0.0.1:``port``, ``extra`` flags
+    last. Pure."""
     command = [binary, "launch", "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
                "--policy", policy, *HEALTH_FLAGS, "--prometheus-host", "127.0.0.1"]  # fmt: skip
-    return command + ["--prometheus-port", str(metrics_port if metrics_port is not None else free_port())]
+    return command + [
+        "--prometheus-port",
+        str(metrics_port if metrics_port is not None else free_port()),
+        *extra,
+    ]
 
 
 class GatewayProcess:
@@ -56,9 +62,11 @@ class GatewayProcess:
     ``FileNotFoundError`` when no ``smg`` is installed (``pip install -e ".[gateway]"``)."""
 
     def __init__(
-        self, workers: list[str], log: Path, policy: str = AGENT_POLICY, startup_s: float = 120.0
-    ) -> None:
+        self, workers: list[str], log: Path, policy: str = AGENT_POLICY, startup_s: float = 120.0,
+        extra: tuple[str, ...] = (),
+    ) -> None:  # fmt: skip
         self.workers, self.log, self.policy, self.startup_s = list(workers), Path(log), policy, startup_s
+        self.extra = tuple(extra)  # more smg flags (a policy's tuning)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
@@ -69,7 +77,7 @@ class GatewayProcess:
         if binary is None:
             raise FileNotFoundError('no smg gateway is installed: pip install -e ".[gateway]" (pins smg)')
         with open(self.log, "w") as sink:
-            self.process = subprocess.Popen(gateway_command(binary, self.workers, self.port, self.policy),
+            self.process = subprocess.Popen(gateway_command(binary, self.workers, self.port, self.policy, extra=self.extra),
                                             stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
         deadline = time.monotonic() + self.startup_s  # only to catch a gateway that never comes up
         while self.healthy_workers() != len(self.workers):
