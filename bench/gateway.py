@@ -35,7 +35,7 @@ if __name__ == "__main__":  # run as a script: make the repository root importab
 
 from bench.serve import _desktop_agent, _load
 from mmkv.serve.gateway import GatewayProcess
-from mmkv.serve.process import ServerProcess
+from mmkv.serve.process import ServerProcess, start_all
 from tests.redis_server import RedisServer
 
 ARMS = (
@@ -76,8 +76,7 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp, RedisServer() as redis_server:
         flags = ["--model", args.model, "--device", "cpu", "--max-queue", "256", "--store", redis_server.url]
         servers = [ServerProcess(flags, Path(tmp) / f"replica{i}.log") for i in range(3)]
-        for server in servers:
-            server.__enter__()
+        start_all(servers)
         alone, pair = servers[0], [s.base_url for s in servers[1:]]
         try:
             with GatewayProcess(pair, Path(tmp) / "cache_aware.log") as aware, \

@@ -50,7 +50,7 @@ if __name__ == "__main__":  # run as a script: make the repository root importab
 from openai import AsyncOpenAI
 
 from mmkv.envs import DesktopApp, FunctionCall, image_data_url, keep_last_screenshots, tool_result_messages
-from mmkv.serve.process import ServerProcess
+from mmkv.serve.process import ServerProcess, start_all
 from mmkv.synthetic import synthetic_screenshot
 
 ARMS = {"kv": [], "none": ["--reuse", "none"], "no reuse": ["--reuse", "none", "--pool-bytes", "0"]}
@@ -253,8 +253,7 @@ def run(args) -> dict:
         servers = {name: ServerProcess(["--model", args.model, "--device", "cpu", "--max-queue", "256", *flags],
                                        Path(tmp) / f"{name.replace(' ', '_')}.log")  # fmt: skip
                    for name, flags in ARMS.items()}  # fmt: skip
-        for server in servers.values():
-            server.__enter__()
+        start_all(list(servers.values()))  # the three load their models at once
         try:
             names = list(ARMS)
             for index, rate in enumerate(args.loads):
@@ -347,14 +346,14 @@ if __name__ == "__main__":
     parser.add_argument("--field-max-tokens", type=int, default=8)
     parser.add_argument(
         "--smoke", action="store_true",
-        help="tiny-qwen3-vl, two loads, two agents of three steps (calls forced), window 2",
+        help="tiny-qwen3-vl, two loads, two agents of three steps (calls forced, 48 tokens at most), window 2",
     )  # fmt: skip
     parser.add_argument("--json")
     parser.add_argument("--png")
     args = parser.parse_args()
     if args.smoke:
         args.model, args.loads, args.agents, args.window = "tiny-qwen3-vl", [2.0, 4.0], 2, 2
-        args.turns, args.max_steps, args.tool_choice = 3, 3, "required"
+        args.turns, args.max_steps, args.tool_choice, args.max_tokens = 3, 3, "required", 48
     result = run(args)
     if result["agents"]:
         print(markdown(result))

@@ -7,12 +7,13 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 
-__all__ = ["ServerProcess", "free_port"]
+__all__ = ["ServerProcess", "free_port", "start_all"]
 
 
 def free_port() -> int:
@@ -20,6 +21,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_all(servers: list[ServerProcess]) -> list[ServerProcess]:
+    """Start ``servers`` at once (each loads its model in its own process: on several cores the loads overlap)
+    and wait for all of them. If any fails, the ones that came up are stopped and its error is raised. Returns
+    ``servers``; the caller stops them (``__exit__``)."""
+    errors: list[BaseException] = []
+
+    def start(server: ServerProcess) -> None:
+        try:
+            server.__enter__()
+        except BaseException as exc:  # noqa: BLE001 -- re-raised below, in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(server,)) for server in servers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        for server in servers:
+            server.__exit__(None, None, None)
+        raise errors[0]
+    return servers
 
 
 class ServerProcess:

@@ -54,11 +54,11 @@ def _validate(tools: list[dict], call) -> dict:
 
 
 def test_required_and_named_tool_choice_always_call_a_listed_tool(server):
-    """Twenty random tool lists (nested objects, enums, arrays, required fields): with tool_choice "required"
+    """Twelve random tool lists (nested objects, enums, arrays, required fields): with tool_choice "required"
     the answer is a call of a listed tool and with a named choice a call of that tool, arguments valid against
     its schema, finish_reason "tool_calls", no content."""
     client, rng = server.client(), random.Random(22)
-    for _ in range(20):
+    for _ in range(12):
         tools = _satisfiable(lambda: random_tools(rng))
         named = rng.choice(tools)["function"]["name"]
         for choice in ("required", {"type": "function", "function": {"name": named}}):
@@ -75,9 +75,10 @@ def test_required_and_named_tool_choice_always_call_a_listed_tool(server):
 
 
 def test_json_schema_output_validates(server):
-    """Twenty random JSON schemas as response_format (strict and not): the content parses and validates."""
+    """Twelve random JSON schemas as response_format (strict and not): the content parses and validates (the
+    hypothesis test in test_grammar_limits.py sends many more shapes)."""
     client, rng = server.client(), random.Random(5)
-    for k in range(20):
+    for k in range(12):
         schema = _satisfiable(lambda: random_object(rng))
         reply = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Answer in JSON."}], max_tokens=600, temperature=0,

@@ -4,6 +4,7 @@ through Redis, and the faults (a replica SIGKILLed mid-answer, restarted; Redis 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 
@@ -14,8 +15,9 @@ import pytest
 from mmkv.envs import DesktopApp, image_data_url, keep_last_screenshots, tool_result_messages
 from mmkv.model.tiny import QWEN_SPECIAL_TOKENS
 from mmkv.serve.gateway import GatewayProcess, gateway_binary
+from mmkv.serve.process import start_all
 from tests.redis_server import RedisServer
-from tests.serve.conftest import image_part, run_server, user
+from tests.serve.conftest import RunningServer, image_part, user
 
 pytestmark = [pytest.mark.gateway, pytest.mark.redis]
 MODEL = "tiny-qwen3-vl"
@@ -25,15 +27,17 @@ END_OF_TURN = str(QWEN_SPECIAL_TOKENS.index("<|im_end|>"))  # the tiny tokenizer
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """Redis, replicas ``a`` and ``b`` on it, ``single`` (a server of its own, the reference) and the gateway
-    (``cache_aware``) over ``a`` and ``b``."""
+    (``cache_aware``) over ``a`` and ``b``; the three servers load at once."""
     if gateway_binary() is None:
         pytest.skip('the smg gateway is not installed (pip install -e ".[gateway]"; .ci/run installs it)')
     tmp = tmp_path_factory.mktemp("fleet")
-    for name in ("a", "b", "single"):
-        (tmp / name).mkdir()
-    with RedisServer() as redis_server, run_server(tmp / "a", "--store", redis_server.url) as a, \
-            run_server(tmp / "b", "--store", redis_server.url) as b, run_server(tmp / "single") as single, \
-            GatewayProcess([a.base_url, b.base_url], tmp / "gateway.log") as gateway:  # fmt: skip
+    with RedisServer() as redis_server, contextlib.ExitStack() as stack:
+        a, b, single = (RunningServer(["--model", MODEL, "--device", "cpu", *store], tmp / f"{name}.log")
+                        for name, store in (("a", ["--store", redis_server.url]), ("b", ["--store", redis_server.url]),
+                                            ("single", [])))  # fmt: skip
+        for server in start_all([a, b, single]):
+            stack.callback(server.__exit__, None, None, None)
+        gateway = stack.enter_context(GatewayProcess([a.base_url, b.base_url], tmp / "gateway.log"))
         yield type("Fleet", (), {"redis": redis_server, "a": a, "b": b, "single": single, "gateway": gateway,
                                  "tmp": tmp})  # fmt: skip
 

@@ -6,6 +6,7 @@ machine is."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import socket
@@ -18,9 +19,10 @@ import pytest
 from PIL import Image
 
 from mmkv.serve.budget import BYTES_PER_PIXEL, ByteBudget, decode_bytes
+from mmkv.serve.process import start_all
 from mmkv.serve.protocol import Timeout, TooLarge
 
-from .conftest import run_server, user
+from .conftest import RunningServer, run_server, user
 
 pytestmark = pytest.mark.server
 
@@ -203,7 +205,14 @@ def test_decompression_heavy_images_wait_for_the_budget_and_are_answered(tmp_pat
     png = _png(1800, 1800, "I;16")
     assert len(png) < 64 << 10
     need = decode_bytes(png, 64 << 20)
-    with run_server(tmp_path, "--decode-budget-bytes", str(need + need // 2)) as server:
+    (tmp_path / "fits").mkdir()
+    (tmp_path / "small").mkdir()
+    server, small = (RunningServer(["--model", "tiny-qwen3-vl", "--device", "cpu", "--decode-budget-bytes", str(budget)],
+                                   tmp_path / name / "server.log")
+                     for name, budget in (("fits", need + need // 2), ("small", need // 2)))  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        for started in start_all([server, small]):  # both load at once
+            stack.callback(started.__exit__, None, None, None)
         results = []
 
         def ask(seed):
@@ -220,7 +229,6 @@ def test_decompression_heavy_images_wait_for_the_budget_and_are_answered(tmp_pat
         for thread in threads:
             thread.join()
         assert results == [200, 200]
-    with run_server(tmp_path, "--decode-budget-bytes", str(need // 2)) as server:
         body = {"model": "tiny-qwen3-vl", "messages": [user(_data(png), "?")], "max_tokens": 1}
-        response = server.post(body)
+        response = small.post(body)
         assert response.status_code == 413 and "decode budget" in response.json()["error"]["message"]

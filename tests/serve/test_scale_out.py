@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
+from mmkv.serve.process import start_all
 from tests.redis_server import RedisServer
-from tests.serve.conftest import image_part, run_server, user
+from tests.serve.conftest import RunningServer, image_part, user
 
 pytestmark = pytest.mark.redis
 
@@ -14,10 +17,11 @@ def test_an_image_computed_by_one_server_is_a_redis_hit_in_the_other(tmp_path):
     """Server A computes a screenshot; server B (same Redis, its own memory) gets it from Redis and answers
     exactly as A did for the same conversation; B's metrics count the redis source."""
     with RedisServer() as redis_server:
-        (tmp_path / "a").mkdir()
-        (tmp_path / "b").mkdir()
-        with run_server(tmp_path / "a", "--store", redis_server.url) as a, \
-                run_server(tmp_path / "b", "--store", redis_server.url) as b:  # fmt: skip
+        a, b = (RunningServer(["--model", "tiny-qwen3-vl", "--device", "cpu", "--store", redis_server.url],
+                              tmp_path / f"{name}.log") for name in "ab")  # fmt: skip
+        with contextlib.ExitStack() as stack:
+            for server in start_all([a, b]):  # both load at once
+                stack.callback(server.__exit__, None, None, None)
             messages = [{"role": "system", "content": "You operate a desktop app."},
                         user(image_part(80), "What is on the screen?")]  # fmt: skip
             first = a.client().chat.completions.create(
