@@ -50,6 +50,11 @@ from pathlib import Path
 
 import httpx
 
+if __name__ == "__main__":  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from mmkv.serve.process import stop  # the servers' mmkv is each tree's; this is only the process helper
+
 SALT = "@@SALT@@"  # 8 characters, replaced by a request's number (8 digits) in a class's serialized body
 PLAIN_QUESTION = "What is the capital of France? Answer in one word."
 HOSTILE_MAX_TOKENS = 256  # the schema classes' answers (an ordinary bound; departed asks for 1500)
@@ -162,12 +167,7 @@ class TreeServer:
         return 0
 
     def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        stop(self.process)
 
 
 def _send(client: httpx.Client, url: str, content: bytes | None = None) -> int | str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["ServerProcess", "free_port", "start_all"]
+__all__ = ["ServerProcess", "free_port", "start_all", "stop"]
 
 
 def free_port() -> int:
@@ -21,6 +21,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def stop(process: subprocess.Popen | None, timeout_s: float = 20.0) -> None:
+    """SIGTERM ``process`` if it still runs (a server drains, then exits) and wait up to ``timeout_s``; SIGKILL
+    it after that."""
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def start_all(servers: list[ServerProcess]) -> list[ServerProcess]:
@@ -117,9 +129,4 @@ class ServerProcess:
             raise RuntimeError(f"port {self.port} was taken before the server could bind it again")
 
     def __exit__(self, *exc) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+        stop(self.process)
