@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import threading
 
 import httpx
@@ -132,10 +133,39 @@ def test_a_screenshot_first_seen_on_one_replica_is_a_redis_hit_on_the_other(flee
     assert all(ours == theirs for ours, theirs in answers)
 
 
-def _long_stream(base_url: str, seed: int):
-    """A streamed answer of 400 tokens (the end of turn biased away)."""
+def test_a_draining_replicas_refusals_are_retried_on_the_other_and_one_alone_forwards_them(fleet):
+    """SIGTERM replica ``a`` while it streams: behind a gateway that has not yet seen its health change
+    (checks every 60 s), requests the round robin sends to ``a`` get its 503 ``draining`` and are retried on
+    ``b``, so every client gets a 200 answer; a gateway over ``a`` alone forwards the 503 as it is (the
+    error object, ``Retry-After``). Its stream's client leaves; ``a`` exits 0 and is restarted."""
+    slow = ("--health-check-interval-secs", "60", "--health-failure-threshold", "100")
+    with GatewayProcess([fleet.a.base_url, fleet.b.base_url], fleet.tmp / "rr-slow.log", policy="round_robin",
+                        extra=slow) as pair, \
+            GatewayProcess([fleet.a.base_url], fleet.tmp / "alone.log", extra=slow) as alone:  # fmt: skip
+        with _long_stream(fleet.a.base_url, 701, max_tokens=2000) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("data: ")
+            fleet.a.process.send_signal(signal.SIGTERM)
+            for _ in range(500):  # until a answers as draining (a bound, not a measurement)
+                if fleet.a.get("/health").status_code == 503:
+                    break
+            body = {"model": MODEL, "messages": [user("hi")], "max_tokens": 2}
+            refused = httpx.post(f"{alone.base_url}/v1/chat/completions", json=body, timeout=60)
+            assert refused.status_code == 503 and refused.headers.get("retry-after") == "1"
+            assert refused.json()["error"]["code"] == "draining"
+            statuses = [httpx.post(f"{pair.base_url}/v1/chat/completions", json=body, timeout=60).status_code
+                        for _ in range(4)]  # fmt: skip
+            assert statuses == [200] * 4
+            assert fleet.a.log.read_text().count("status=503 error=the server is draining") >= 3
+    assert fleet.a.process.wait(timeout=60) == 0  # the stream's client left: nothing held, a exits
+    fleet.a.restart()
+    fleet.gateway.wait_healthy(2)
+
+
+def _long_stream(base_url: str, seed: int, max_tokens: int = 400):
+    """A streamed answer of ``max_tokens`` tokens (the end of turn biased away)."""
     return httpx.stream("POST", f"{base_url}/v1/chat/completions", timeout=120, json={
-        "model": MODEL, "messages": [user(image_part(seed), "Describe everything.")], "max_tokens": 400,
+        "model": MODEL, "messages": [user(image_part(seed), "Describe everything.")], "max_tokens": max_tokens,
         "temperature": 0, "stream": True, "logit_bias": {END_OF_TURN: -100, "0": -100}})  # fmt: skip
 
 
