@@ -28,14 +28,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
-
 if __name__ == "__main__":  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.serve import _desktop_agent, _load
 from mmkv.serve.gateway import GatewayProcess
-from mmkv.serve.process import ServerProcess, start_all
+from mmkv.serve.process import ServerProcess, running
 from tests.redis_server import RedisServer
 
 ARMS = (
@@ -48,14 +46,6 @@ ARMS = (
 # (and 1.2x) more than the mean, instead of smg's 64 (which 16 agents never reach)
 SPILL = ("--balance-abs-threshold", "2", "--balance-rel-threshold", "1.2")
 METRICS = ("turns_s", "p50_ms", "p90_ms", "cached", "redis_images", "step_accuracy", "busier_share")
-
-
-def _answered(server: ServerProcess) -> int:
-    """Chat requests ``server`` has answered with 200 (its /metrics)."""
-    for line in httpx.get(f"{server.base_url}/metrics", timeout=30).text.splitlines():
-        if line.startswith('mmkv_requests_total{status="200"}'):
-            return int(float(line.split()[-1]))
-    return 0
 
 
 def _row(results: list[dict], seconds: float, served: list[int]) -> dict:
@@ -76,9 +66,8 @@ def run(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp, RedisServer() as redis_server:
         flags = ["--model", args.model, "--device", "cpu", "--max-queue", "256", "--store", redis_server.url]
         servers = [ServerProcess(flags, Path(tmp) / f"replica{i}.log") for i in range(3)]
-        start_all(servers)
-        alone, pair = servers[0], [s.base_url for s in servers[1:]]
-        try:
+        with running(servers):  # the three load their models at once
+            alone, pair = servers[0], [s.base_url for s in servers[1:]]
             with GatewayProcess(pair, Path(tmp) / "cache_aware.log") as aware, \
                     GatewayProcess(pair, Path(tmp) / "spill.log", extra=SPILL) as spill, \
                     GatewayProcess(pair, Path(tmp) / "rr.log", policy="round_robin") as rr:  # fmt: skip
@@ -90,7 +79,7 @@ def run(args) -> dict:
                             _desktop_agent, model=args.model, window=args.window, max_tokens=args.max_tokens,
                             tool_choice="required", max_steps=args.steps, salt=1 + 4 * round_ + k,
                         )  # fmt: skip
-                        before = [_answered(s) for s in backends[arm]]
+                        before = [s.answered() for s in backends[arm]]
                         results, seconds = asyncio.run(
                             _load(targets[arm], args.model, args.rate, args.agents, make)
                         )
@@ -98,14 +87,11 @@ def run(args) -> dict:
                             _row(
                                 results,
                                 seconds,
-                                [_answered(s) - n for s, n in zip(backends[arm], before, strict=True)],
+                                [s.answered() - n for s, n in zip(backends[arm], before, strict=True)],
                             )
                         )
                         print(f"round {round_} {arm:24s} " + ", ".join(f"{m} {samples[arm][-1][m]:.3g}"
                                                                        for m in METRICS), flush=True)  # fmt: skip
-        finally:
-            for server in servers:
-                server.__exit__(None, None, None)
     summary = {arm: {m: {"median": statistics.median(r[m] for r in rows), "min": min(r[m] for r in rows),
                          "max": max(r[m] for r in rows)} for m in METRICS} for arm, rows in samples.items()}  # fmt: skip
     return {"args": vars(args), "summary": summary, "rounds": samples}

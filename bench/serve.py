@@ -50,7 +50,7 @@ if __name__ == "__main__":  # run as a script: make the repository root importab
 from openai import AsyncOpenAI
 
 from mmkv.envs import DesktopApp, FunctionCall, image_data_url, keep_last_screenshots, tool_result_messages
-from mmkv.serve.process import ServerProcess, start_all
+from mmkv.serve.process import ServerProcess, running
 from mmkv.synthetic import synthetic_screenshot
 
 ARMS = {"kv": [], "none": ["--reuse", "none"], "no reuse": ["--reuse", "none", "--pool-bytes", "0"]}
@@ -253,8 +253,7 @@ def run(args) -> dict:
         servers = {name: ServerProcess(["--model", args.model, "--device", "cpu", "--max-queue", "256", *flags],
                                        Path(tmp) / f"{name.replace(' ', '_')}.log")  # fmt: skip
                    for name, flags in ARMS.items()}  # fmt: skip
-        start_all(list(servers.values()))  # the three load their models at once
-        try:
+        with running(list(servers.values())):  # the three load their models at once
             names = list(ARMS)
             for index, rate in enumerate(args.loads):
                 for name in names[index % 3 :] + names[: index % 3] if "agents" in args.parts else ():
@@ -278,9 +277,6 @@ def run(args) -> dict:
                     }
                     out["fields"].setdefault(mode, []).append(row)
                     print(f"field load {rate}/s {mode:9s}", json.dumps(row["after_change"]), flush=True)
-        finally:
-            for server in servers.values():
-                server.__exit__(None, None, None)
     return out
 
 

@@ -79,14 +79,9 @@ class GatewayProcess:
         with open(self.log, "w") as sink:
             self.process = subprocess.Popen(gateway_command(binary, self.workers, self.port, self.policy, extra=self.extra),
                                             stdout=sink, stderr=subprocess.STDOUT)  # fmt: skip
-        deadline = time.monotonic() + self.startup_s  # only to catch a gateway that never comes up
-        while self.healthy_workers() != len(self.workers):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.__exit__(None, None, None)
-                raise RuntimeError(
-                    f"the gateway did not come up: {self.log.read_text(errors='replace')[-2000:]}"
-                )
-            time.sleep(0.2)
+        if not self._routes_to(len(self.workers), self.startup_s):
+            self.__exit__(None, None, None)
+            raise RuntimeError(f"the gateway did not come up: {self.log.read_text(errors='replace')[-2000:]}")
         return self
 
     def healthy_workers(self) -> int:
@@ -100,13 +95,18 @@ class GatewayProcess:
     def wait_healthy(self, count: int, timeout_s: float = 60.0) -> None:
         """Wait until the gateway routes to exactly ``count`` workers; ``TimeoutError`` after ``timeout_s`` (a
         bound for a gateway that never notices, not a measurement)."""
+        if not self._routes_to(count, timeout_s):
+            raise TimeoutError(f"the gateway never routed to {count} workers (now {self.healthy_workers()})")
+
+    def _routes_to(self, count: int, timeout_s: float) -> bool:
+        """Poll until the gateway routes to exactly ``count`` workers (True), it exits or ``timeout_s`` passes
+        (False)."""
         deadline = time.monotonic() + timeout_s
         while self.healthy_workers() != count:
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"the gateway never routed to {count} workers (now {self.healthy_workers()})"
-                )
+            if self.process is None or self.process.poll() is not None or time.monotonic() > deadline:
+                return False
             time.sleep(0.2)
+        return True
 
     def __exit__(self, *exc) -> None:
         """Stop the gateway: SIGKILL (it holds no state, and SIGTERM keeps its listener open for a 5 s settle)."""

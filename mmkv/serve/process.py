@@ -3,17 +3,19 @@ until ``/health`` answers (the tests and ``bench/serve.py`` drive servers this w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 
-__all__ = ["ServerProcess", "free_port", "start_all", "stop"]
+__all__ = ["ServerProcess", "free_port", "running", "stop"]
 
 
 def free_port() -> int:
@@ -35,10 +37,11 @@ def stop(process: subprocess.Popen | None, timeout_s: float = 20.0) -> None:
             process.wait()
 
 
-def start_all(servers: list[ServerProcess]) -> list[ServerProcess]:
-    """Start ``servers`` at once (each loads its model in its own process: on several cores the loads overlap)
-    and wait for all of them. If any fails, the ones that came up are stopped and its error is raised. Returns
-    ``servers``; the caller stops them (``__exit__``)."""
+@contextlib.contextmanager
+def running(servers: list[ServerProcess]) -> Iterator[list[ServerProcess]]:
+    """Start ``servers`` at once (each loads its model in its own process: on several cores the loads overlap),
+    wait for all of them, yield them, and stop them all on exit. If any fails to start, the ones that came up
+    are stopped and its error is raised."""
     errors: list[BaseException] = []
 
     def start(server: ServerProcess) -> None:
@@ -52,11 +55,13 @@ def start_all(servers: list[ServerProcess]) -> list[ServerProcess]:
         thread.start()
     for thread in threads:
         thread.join()
-    if errors:
+    try:
+        if errors:
+            raise errors[0]
+        yield servers
+    finally:
         for server in servers:
             server.__exit__(None, None, None)
-        raise errors[0]
-    return servers
 
 
 class ServerProcess:
@@ -114,6 +119,14 @@ class ServerProcess:
                 self.__exit__(None, None, None)
                 raise RuntimeError(f"the server did not come up: {self._log_end()}")
             time.sleep(0.2)
+
+    def answered(self) -> int:
+        """How many chat requests the server has answered with 200 so far (its ``/metrics``)."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        for line in httpx.get(f"{self.base_url}/metrics", headers=headers, timeout=30).text.splitlines():
+            if line.startswith('mmkv_requests_total{status="200"}'):
+                return int(float(line.split()[-1]))
+        return 0
 
     def kill(self) -> None:
         """SIGKILL the server (a fault test's crash: no drain, nothing flushed) and reap it."""

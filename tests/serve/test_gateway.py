@@ -4,7 +4,6 @@ through Redis, and the faults (a replica SIGKILLed mid-answer, restarted; Redis 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import threading
@@ -16,7 +15,7 @@ import pytest
 from mmkv.envs import DesktopApp, image_data_url, keep_last_screenshots, tool_result_messages
 from mmkv.model.tiny import QWEN_SPECIAL_TOKENS
 from mmkv.serve.gateway import GatewayProcess, gateway_binary
-from mmkv.serve.process import start_all
+from mmkv.serve.process import running
 from tests.redis_server import RedisServer
 from tests.serve.conftest import RunningServer, image_part, user
 
@@ -32,15 +31,16 @@ def fleet(tmp_path_factory):
     if gateway_binary() is None:
         pytest.skip('the smg gateway is not installed (pip install -e ".[gateway]"; .ci/run installs it)')
     tmp = tmp_path_factory.mktemp("fleet")
-    with RedisServer() as redis_server, contextlib.ExitStack() as stack:
+    with RedisServer() as redis_server:
         a, b, single = (RunningServer(["--model", MODEL, "--device", "cpu", *store], tmp / f"{name}.log")
                         for name, store in (("a", ["--store", redis_server.url]), ("b", ["--store", redis_server.url]),
                                             ("single", [])))  # fmt: skip
-        for server in start_all([a, b, single]):
-            stack.callback(server.__exit__, None, None, None)
-        gateway = stack.enter_context(GatewayProcess([a.base_url, b.base_url], tmp / "gateway.log"))
-        yield type("Fleet", (), {"redis": redis_server, "a": a, "b": b, "single": single, "gateway": gateway,
-                                 "tmp": tmp})  # fmt: skip
+        with (
+            running([a, b, single]),
+            GatewayProcess([a.base_url, b.base_url], tmp / "gateway.log") as gateway,
+        ):
+            yield type("Fleet", (), {"redis": redis_server, "a": a, "b": b, "single": single, "gateway": gateway,
+                                     "tmp": tmp})  # fmt: skip
 
 
 def _client(base_url: str) -> openai.OpenAI:
@@ -77,14 +77,6 @@ def _episode(client: openai.OpenAI, seed: int, steps: int) -> list[dict]:
     return out
 
 
-def _answered(server) -> int:
-    """How many chat requests ``server`` has answered with 200 (its /metrics)."""
-    for line in server.get("/metrics").text.splitlines():
-        if line.startswith('mmkv_requests_total{status="200"}'):
-            return int(float(line.split()[-1]))
-    return 0
-
-
 def test_agents_through_the_gateway_get_a_single_servers_answers_from_their_replicas_pool(fleet):
     """Three tool-calling agents at once through the gateway: every call equals the one a single server chooses
     for the same episode. Then agents one at a time: each conversation's requests all land on one replica, and
@@ -104,9 +96,9 @@ def test_agents_through_the_gateway_get_a_single_servers_answers_from_their_repl
         alone = _episode(_client(fleet.single.base_url), seed, 3)
         assert [step["call"] for step in through[seed]] == [step["call"] for step in alone]
     for seed in (21, 22):
-        before = (_answered(fleet.a), _answered(fleet.b))
+        before = (fleet.a.answered(), fleet.b.answered())
         steps = _episode(_client(fleet.gateway.base_url), seed, 3)
-        served = (_answered(fleet.a) - before[0], _answered(fleet.b) - before[1])
+        served = (fleet.a.answered() - before[0], fleet.b.answered() - before[1])
         assert len(steps) >= 2 and sorted(served) == [0, len(steps)], served
         for step in steps[1:]:
             kept = [image["source"] for image in step["mmkv"]["images"]][:-1]  # the newest screenshot is new

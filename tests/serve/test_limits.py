@@ -6,7 +6,6 @@ machine is."""
 from __future__ import annotations
 
 import base64
-import contextlib
 import io
 import json
 import socket
@@ -19,7 +18,7 @@ import pytest
 from PIL import Image
 
 from mmkv.serve.budget import BYTES_PER_PIXEL, ByteBudget, decode_bytes
-from mmkv.serve.process import start_all
+from mmkv.serve.process import running
 from mmkv.serve.protocol import Timeout, TooLarge
 
 from .conftest import RunningServer, run_server, user
@@ -210,9 +209,7 @@ def test_decompression_heavy_images_wait_for_the_budget_and_are_answered(tmp_pat
     server, small = (RunningServer(["--model", "tiny-qwen3-vl", "--device", "cpu", "--decode-budget-bytes", str(budget)],
                                    tmp_path / name / "server.log")
                      for name, budget in (("fits", need + need // 2), ("small", need // 2)))  # fmt: skip
-    with contextlib.ExitStack() as stack:
-        for started in start_all([server, small]):  # both load at once
-            stack.callback(started.__exit__, None, None, None)
+    with running([server, small]):  # both load at once
         results = []
 
         def ask(seed):

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 
-from mmkv.serve.process import start_all
+from mmkv.serve.process import running
 from tests.redis_server import RedisServer
 from tests.serve.conftest import RunningServer, image_part, user
 
@@ -19,9 +17,7 @@ def test_an_image_computed_by_one_server_is_a_redis_hit_in_the_other(tmp_path):
     with RedisServer() as redis_server:
         a, b = (RunningServer(["--model", "tiny-qwen3-vl", "--device", "cpu", "--store", redis_server.url],
                               tmp_path / f"{name}.log") for name in "ab")  # fmt: skip
-        with contextlib.ExitStack() as stack:
-            for server in start_all([a, b]):  # both load at once
-                stack.callback(server.__exit__, None, None, None)
+        with running([a, b]):  # both load at once
             messages = [{"role": "system", "content": "You operate a desktop app."},
                         user(image_part(80), "What is on the screen?")]  # fmt: skip
             first = a.client().chat.completions.create(
