@@ -21,7 +21,7 @@ from evals.pictures import panel_in_split
 from evals.sample import Generated, Turn
 from mmkv.synthetic import Split
 
-__all__ = ["KINDS", "multihop"]
+__all__ = ["KINDS", "all_questions", "multihop"]
 
 KINDS = ("same_badge", "count_filled", "first_red", "first_filled")
 
@@ -51,6 +51,29 @@ def _states(rng: random.Random, num: int, kind: str) -> tuple[list[tuple[bool, b
     return states, question, str(first + 1)
 
 
+def all_questions(states: list[tuple[bool, bool]]) -> list[tuple[str, str]]:
+    """Every question of every kind that screens of ``states`` answer (``same_badge`` for each pair at least two
+    apart; ``first_red`` / ``first_filled`` where some screen qualifies).
+
+    >>> [a for _, a in all_questions([(True, False), (False, False), (True, True)])]
+    ['yes', '1', '1', '3']
+    """
+    num, out = len(states), []
+    for i in range(num):
+        for j in range(i + 2, num):
+            out.append((
+                f"Is the status badge on screen {i + 1} the same colour as on screen {j + 1}? Answer yes or no.",
+                "yes" if states[i][0] == states[j][0] else "no",
+            ))  # fmt: skip
+    out.append(("How many screens showed a filled form field? Answer with a number.",
+                str(sum(filled for _, filled in states))))  # fmt: skip
+    for axis, what in ((0, "a red status badge"), (1, "a filled form field")):
+        hits = [k for k, state in enumerate(states) if state[axis]]
+        if hits:
+            out.append((f"Which screen first showed {what}? Answer with a number.", str(hits[0] + 1)))
+    return out
+
+
 def multihop(rng: random.Random, split: Split) -> Generated:
     """One multihop sample: ``(system, turns, question, answer)`` with every panel drawn in ``split``."""
     num = rng.randint(3, 5)
@@ -60,4 +83,4 @@ def multihop(rng: random.Random, split: Split) -> Generated:
         Turn((panel_in_split("alert" if red else "ok", filled, rng, split),), f"Screen {i + 1}.")
         for i, (red, filled) in enumerate(states)
     ]
-    return "", turns, question, answer
+    return "", turns, question, answer, tuple(p for p in all_questions(states) if p[0] != question)

@@ -29,6 +29,8 @@ class Sample:
     question: str  # the final question
     answer: str  # the expected short answer
     digest: str  # content hash (pixels, texts, answer): the sample's identity
+    also: tuple[tuple[str, str], ...] = ()  # other (question, answer) pairs the same turns answer: training's
+    # dense supervision (``training/data.py``); no eval scores them, and they are not part of the digest
 
     @property
     def num_images(self) -> int:
@@ -41,5 +43,7 @@ class Sample:
         return [image for turn in self.turns for image in turn.images]
 
 
-# what a category generator returns: system, turns, question, answer
-Generated = tuple[str, list[Turn], str, str]
+# what a category generator returns: system, turns, question, answer, and the other (question, answer) pairs the
+# same turns answer (``Sample.also``; derived from what was drawn, never drawing from the generator's rng, so the
+# stream of samples is the same with or without them)
+Generated = tuple[str, list[Turn], str, str, tuple[tuple[str, str], ...]]

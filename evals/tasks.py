@@ -69,6 +69,27 @@ TRAINING_CATEGORIES = (*CATEGORIES, "agentic_text")  # + the agentic task with t
 _Object = SceneObject  # the name app/trajectory.py imports
 
 
+def _scene_questions(objects: list[SceneObject]) -> list[tuple[str, str]]:
+    """Every perception question a scene of ``objects`` answers: each object's colour (by its shape, where the
+    shape is unique), its shape (by its colour, where unique), and the count."""
+    out = [
+        (f"What colour is the {o.shape}? Answer with one word.", o.colour)
+        for o in objects
+        if sum(p.shape == o.shape for p in objects) == 1
+    ]
+    out += [
+        (f"What shape is the {o.colour} object? Answer with one word.", o.shape)
+        for o in objects
+        if sum(p.colour == o.colour for p in objects) == 1
+    ]
+    return [*out, ("How many objects are there? Answer with a number.", str(len(objects)))]
+
+
+def _others(pairs: list[tuple[str, str]], question: str) -> tuple[tuple[str, str], ...]:
+    """``pairs`` without ``question`` (a generator's ``also``)."""
+    return tuple(p for p in pairs if p[0] != question)
+
+
 def _perception(rng: random.Random, split: Split) -> Generated:
     objects = random_objects(rng, rng.randint(1, 4))
     kind = rng.choice(["colour", "shape", "count"])
@@ -80,7 +101,8 @@ def _perception(rng: random.Random, split: Split) -> Generated:
         question, answer = f"What shape is the {target.colour} object? Answer with one word.", target.shape
     else:
         question, answer = count
-    return "", [Turn((scene_in_split(objects, rng, split),), "Look at this picture.")], question, answer
+    turns = [Turn((scene_in_split(objects, rng, split),), "Look at this picture.")]
+    return "", turns, question, answer, _others(_scene_questions(objects), question)
 
 
 def _reasoning(rng: random.Random, split: Split) -> Generated:
@@ -90,12 +112,18 @@ def _reasoning(rng: random.Random, split: Split) -> Generated:
         truth = a.col < b.col if relation == "left of" else a.row < b.row
         scene = scene_in_split([a, b], rng, split)
         question = f"Is the {a.colour} {a.shape} {relation} the {b.colour} {b.shape}? Answer yes or no."
-        return "", [Turn((scene,), "Look at this picture.")], question, "yes" if truth else "no"
+        pairs = [
+            (f"Is the {x.colour} {x.shape} {r} the {y.colour} {y.shape}? Answer yes or no.",
+             "yes" if (x.col < y.col if r == "left of" else x.row < y.row) else "no")
+            for x, y in ((a, b), (b, a)) for r in ("left of", "above")
+        ]  # fmt: skip
+        turns = [Turn((scene,), "Look at this picture.")]
+        return "", turns, question, "yes" if truth else "no", _others(pairs, question)
     first, second = rng.randint(1, 4), rng.randint(1, 4)
     scenes = tuple(scene_in_split(random_objects(rng, k), rng, split) for k in (first, second))
     answer = "first" if first > second else "second" if second > first else "same"
     question = "Which picture has more objects? Answer first, second or same."
-    return "", [Turn(scenes, "Here are two pictures.")], question, answer
+    return "", [Turn(scenes, "Here are two pictures.")], question, answer, ()
 
 
 AGENTIC_FIELD = "account_role"  # the policy's mutable field (a ``{role}`` placeholder in AGENTIC_POLICY)
@@ -139,7 +167,7 @@ def _agentic(rng: random.Random, split: Split, gate: str = "screen") -> Generate
     if rng.random() < 0.3:
         role = rng.choice(["admin", "viewer"])  # the current value; may equal the old one
         turns.append(Turn((), erratum_line(AGENTIC_FIELD, role), role="system"))
-    return system, turns, AGENTIC_QUESTION, agentic_answer(role, badge, filled)
+    return system, turns, AGENTIC_QUESTION, agentic_answer(role, badge, filled), ()
 
 
 def _trajectory(rng: random.Random, split: Split) -> Generated:
@@ -158,7 +186,11 @@ def _trajectory(rng: random.Random, split: Split) -> Generated:
     kind = rng.choice(["colour", "shape"])
     obj = shown[target][0]
     question = f"What {kind} was the object on screen {target + 1}? Answer with one word."
-    return "", turns, question, obj.colour if kind == "colour" else obj.shape
+    pairs = [
+        (f"What {k} was the object on screen {i + 1}? Answer with one word.", o.colour if k == "colour" else o.shape)
+        for i, (o, _) in enumerate(shown) for k in ("colour", "shape")
+    ]  # fmt: skip
+    return "", turns, question, obj.colour if kind == "colour" else obj.shape, _others(pairs, question)
 
 
 def _generators() -> dict:
@@ -197,10 +229,10 @@ def iter_samples(category: str, seed: int, split: str) -> Iterator[Sample]:
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     rng = random.Random(f"{category}/{split}/{seed}")
     for _ in range(200_000):  # far more draws than any split of any category needs
-        system, turns, question, answer = generators[category](rng, split)
+        system, turns, question, answer, also = generators[category](rng, split)
         digest = _content_digest(system, turns, question, answer)
         if any(turn.images for turn in turns) or _text_split(digest) == split:
-            yield Sample(category, system, tuple(turns), question, answer, digest)
+            yield Sample(category, system, tuple(turns), question, answer, digest, also)
     raise RuntimeError(f"the {category} generator ran out of distinct samples")
 
 

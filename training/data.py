@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from evals.tasks import Sample, sample_session
@@ -25,18 +27,54 @@ __all__ = ["collate", "encode_episode_step", "encode_sample", "supervised_calls"
 ASSISTANT_HEADER = "<|im_start|>assistant\n"
 
 
-def encode_sample(handle: ModelHandle, sample: Sample) -> dict[str, torch.Tensor]:
-    """Token ids ``(L,)``, labels ``(L,)`` (answer only) and pixels of one suite sample."""
+def encode_sample(
+    handle: ModelHandle, sample: Sample, dense: int = 0, rng: random.Random | None = None
+) -> dict[str, torch.Tensor]:
+    """Token ids ``(L,)``, labels ``(L,)`` (the answers only) and pixels of one suite sample.
+
+    ``dense`` > 0 asks up to that many more of the questions the same turns answer (``Sample.also``, drawn with
+    ``rng``) as a chat would: each asked and answered in turn, the sample's own question at a random place among
+    them, every answer labelled (its text and ``<|im_end|>``). One forward then teaches several reads of the same
+    pictures, as a user asking a session several questions does (the demo's trajectory). ``dense`` 0 gives the
+    eval's prompt: the conversation and the one question."""
+    pairs = [(sample.question, sample.answer)]
+    if dense and sample.also:
+        rng = rng or random.Random(sample.digest)
+        pairs += rng.sample(list(sample.also), min(dense, len(sample.also)))
+        rng.shuffle(pairs)
     session = sample_session(handle, sample)
-    prompt, order = session.render(sample.question)
-    answer = torch.tensor(handle.processor.encode_text(sample.answer + "<|im_end|>"), dtype=torch.long)
+    for question, answer in pairs[:-1]:
+        session.add_text(question, role="user")
+        session.add_text(answer, role="assistant")
+    prompt, order = session.render(pairs[-1][0])
+    answer = torch.tensor(handle.processor.encode_text(pairs[-1][1] + "<|im_end|>"), dtype=torch.long)
     ids = torch.cat([prompt, answer])
     labels = torch.cat([torch.full_like(prompt, -100), answer])
+    _label_earlier_answers(handle, ids, labels, len(pairs) - 1)
     example = {"ids": ids, "labels": labels}
     if order:  # text-only samples (the agentic task's text gate) have no pixels
         images = handle.processor.preprocess_images([session.images[i].pixels for i in order])
         example |= {"pixel_values": images.pixel_values, "grid": images.image_grid_thw}
     return example
+
+
+def _label_earlier_answers(handle: ModelHandle, ids: torch.Tensor, labels: torch.Tensor, count: int) -> None:
+    """Copy into ``labels`` the first ``count`` assistant answers of ``ids`` (each from after its header up to
+    and including its ``<|im_end|>``). Changes ``labels`` only. Raises ``AssertionError`` if the prompt holds
+    fewer answers."""
+    if not count:
+        return
+    header, flat = handle.processor.encode_text(ASSISTANT_HEADER), ids.tolist()
+    end = handle.processor.encode_text("<|im_end|>")[0]
+    starts = [
+        i + len(header)
+        for i in range(len(flat) - len(header) + 1)
+        if flat[i] == header[0] and flat[i : i + len(header)] == header
+    ]
+    assert len(starts) >= count, f"found {len(starts)} assistant turns, expected {count} answered"
+    for start in starts[:count]:
+        stop = flat.index(end, start) + 1
+        labels[start:stop] = ids[start:stop]
 
 
 def supervised_calls(k: int, window: int) -> range:

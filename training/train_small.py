@@ -30,6 +30,7 @@ fraction is further along, so a time-bounded run still ends at a low learning ra
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import random
@@ -42,6 +43,7 @@ if __name__ == "__main__":  # run as a script from anywhere: make the repository
 
 import torch
 
+from evals.preambles import STYLES, make_preamble
 from evals.tasks import TRAINING_CATEGORIES, iter_samples
 from mmkv.envs import expert_episode
 from mmkv.model.handle import ModelHandle
@@ -53,8 +55,14 @@ __all__ = ["MIX", "schedule_progress", "train"]
 
 # Share of each category in a suite batch: the agentic tasks are learnt fastest, so the rest get more of the data.
 MIX = {
-    "perception": 0.2, "reasoning": 0.2, "trajectory": 0.2, "multihop": 0.2, "agentic": 0.12, "agentic_text": 0.08,
+    "perception": 0.2, "reasoning": 0.2, "trajectory": 0.22, "multihop": 0.22, "agentic": 0.1, "agentic_text": 0.06,
 }  # fmt: skip
+DENSE = 6  # more questions about the same turns asked per suite sample (``encode_sample``; 0: the eval's one)
+PREAMBLE_SHARE = 0.3  # agentic samples whose policy follows a preamble (the compose eval's ``use`` direction)
+PREAMBLE_TOKENS = (32, 2300)  # its length, log-uniform in this range (the compose eval asks 64-2048)
+PREAMBLE_POOL = 96  # distinct training preambles (drawn once; seeds apart from every eval's)
+PREAMBLE_SEED_BASE = 20_000_000
+HISTORY_SHARE = 0.5  # episode steps drawn among the history-dependent ones (where the episode has any)
 WINDOWS = {3: 0.6, 2: 0.2, 4: 0.2}  # screenshots kept in a training episode's prompt (agents default to 3)
 SUITE_CHUNK = 4  # suite samples per forward call (sorted by length); episode steps run one per call
 EPISODE_SEED_BASE = 10_000_000  # training episodes use seeds from here on (the split keeps pictures apart)
@@ -79,17 +87,32 @@ class _Batches:
         self.handle, self.rng = handle, random.Random(seed)
         self.streams = {c: iter_samples(c, seed + offset, "train") for c in TRAINING_CATEGORIES}
         self.next_episode = EPISODE_SEED_BASE + 1000 * seed + 7919 * offset
+        low, high = (math.log(t) for t in PREAMBLE_TOKENS)
+        tokenizer = handle.processor.tokenizer
+        self.preambles = [
+            make_preamble(tokenizer, round(math.exp(self.rng.uniform(low, high))), PREAMBLE_SEED_BASE + 97 * seed
+                          + i, STYLES[i % len(STYLES)])
+            for i in range(PREAMBLE_POOL)
+        ]  # fmt: skip
 
     def suite(self, size: int) -> list[dict]:
         drawn = self.rng.choices(list(MIX), list(MIX.values()), k=size)
-        return [encode_sample(self.handle, next(self.streams[c])) for c in drawn]
+        out = []
+        for category in drawn:
+            sample = next(self.streams[category])
+            if sample.system and self.rng.random() < PREAMBLE_SHARE:
+                sample = dataclasses.replace(sample, system=self.rng.choice(self.preambles) + sample.system)
+            out.append(encode_sample(self.handle, sample, DENSE, self.rng))
+        return out
 
     def tools(self, size: int) -> list[dict]:
         out = []
         for _ in range(size):
             episode = expert_episode(self.next_episode, "train")
             self.next_episode += 1
-            k = self.rng.randrange(len(episode.steps))
+            history = [j for j, step in enumerate(episode.steps) if step.uses_history]
+            use_history = history and self.rng.random() < HISTORY_SHARE
+            k = self.rng.choice(history) if use_history else self.rng.randrange(len(episode.steps))
             window = self.rng.choices(list(WINDOWS), list(WINDOWS.values()))[0]
             out.append(
                 encode_episode_step(self.handle, episode, k, self.rng.choice(("tool", "user")), window)
@@ -156,6 +179,7 @@ def train(
     snapshot_episodes: int | None = None,
     eval_n: int = 100,
     target: float | None = None,
+    warmup: int | None = None,
     device: str = "cpu",
 ) -> dict:
     """Train (from scratch, or on from the checkpoint ``init``) and save into ``out``; returns the report written
@@ -180,7 +204,8 @@ def train(
     )
     offset = previous.get("total_steps", 0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup, max_seconds = min(200, max(1, steps // 30)), None if max_minutes is None else 60.0 * max_minutes
+    warmup = min(200, max(1, steps // 30)) if warmup is None else max(1, warmup)
+    max_seconds = None if max_minutes is None else 60.0 * max_minutes
     started = time.time()
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
@@ -195,7 +220,8 @@ def train(
         "tool_batch": tool_batch, "lr": lr, "warmup": warmup, "seed": seed, "max_minutes": max_minutes,
         "checkpoint_every": checkpoint_every, "checkpoint_minutes": checkpoint_minutes, "mix": MIX,
         "windows": WINDOWS, "snapshot_n": snapshot_n, "snapshot_episodes": snapshot_episodes, "eval_n": eval_n,
-        "target": target,
+        "target": target, "dense": DENSE, "preamble_share": PREAMBLE_SHARE, "preamble_tokens": PREAMBLE_TOKENS,
+        "history_share": HISTORY_SHARE,
         "torch_threads": torch.get_num_threads(), "image_bounds": handle.processor.pixel_bounds,
     }  # fmt: skip
     (out / "settings.json").write_text(json.dumps(settings, indent=1))
@@ -253,7 +279,9 @@ def train(
             {
                 "steps": done,
                 "lr": lr,
-                "suite": "extended (multihop, 256 px)",
+                "suite": "extended (multihop, 256 px)"
+                if not DENSE
+                else "dense questions, preambles, history steps",
                 "tools": True,
                 "final": lines[-1],
             },
@@ -292,6 +320,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--target", type=float, default=None, help="stop once every quick estimate reaches this"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="warm-up steps (default: min(200, steps/30))"
     )
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")

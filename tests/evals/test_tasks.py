@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from evals.tasks import (
     CATEGORIES,
     COLOURS,
+    SHAPES,
     TRAINING_CATEGORIES,
     agentic_answer,
     load_jsonl,
@@ -78,6 +80,18 @@ def _panel_state(image) -> tuple[bool, bool]:
     return bool((pixels == COLOURS["red"]).all(1).any()), bool((pixels == FIELD_FILL).all(1).any())
 
 
+def _multihop_truth(question: str, states: list[tuple[bool, bool]]) -> tuple[str, str]:
+    """(the question's kind, its answer) worked out from the panels' states as read off their pixels."""
+    if question.startswith("Is the status badge on screen"):
+        i, j = (int(w) - 1 for w in question.replace("?", "").split() if w.isdigit())
+        assert j - i >= 2
+        return "same", "yes" if states[i][0] == states[j][0] else "no"
+    if question.startswith("How many screens"):
+        return "count", str(sum(filled for _, filled in states))
+    axis = 0 if "red status badge" in question else 1
+    return ("first red", "first filled")[axis], str(1 + [s[axis] for s in states].index(True))
+
+
 def test_multihop_answers_bind_facts_from_several_screens():
     """Each multihop answer follows from the panels' pixels, read screen by screen; every kind is asked, the
     compared screens are never neighbours, and no single screen decides a count."""
@@ -85,19 +99,46 @@ def test_multihop_answers_bind_facts_from_several_screens():
     for sample in make_samples("multihop", 120):
         states = [_panel_state(turn.images[0]) for turn in sample.turns]
         assert [t.text for t in sample.turns] == [f"Screen {i + 1}." for i in range(len(states))]
-        q = sample.question
-        if q.startswith("Is the status badge on screen"):
-            i, j = (int(w) - 1 for w in q.replace("?", "").split() if w.isdigit())
-            assert j - i >= 2 and sample.answer == ("yes" if states[i][0] == states[j][0] else "no")
-            kinds.add("same")
-        elif q.startswith("How many screens"):
-            assert sample.answer == str(sum(filled for _, filled in states))
-            kinds.add("count")
-        else:
-            axis = 0 if "red status badge" in q else 1
-            assert sample.answer == str(1 + [s[axis] for s in states].index(True))
-            kinds.add("first red" if axis == 0 else "first filled")
+        kind, answer = _multihop_truth(sample.question, states)
+        assert sample.answer == answer
+        kinds.add(kind)
     assert kinds == {"same", "count", "first red", "first filled"}
+
+
+def test_the_other_questions_a_sample_answers_follow_from_its_pictures():
+    """``Sample.also`` (training's dense supervision) holds only true answers: multihop's from the panels' pixels,
+    trajectory's colours from each screen's pixels (and a screen shown twice answers alike), perception's and
+    reasoning's from the scene; never the sample's own question, none twice; the agentic task has none."""
+    for sample in make_samples("multihop", 60):
+        states = [_panel_state(turn.images[0]) for turn in sample.turns]
+        assert sample.also and sample.question not in [q for q, _ in sample.also]
+        assert all(_multihop_truth(q, states)[1] == a for q, a in sample.also)
+        assert len({q for q, _ in sample.also}) == len(sample.also)
+    for sample in make_samples("trajectory", 60):
+        assert len(sample.also) == 2 * len(sample.turns) - 1
+        for question, answer in sample.also:
+            k = int(question.split("screen ")[1].split("?")[0]) - 1
+            pixels = np.asarray(sample.turns[k].images[0]).reshape(-1, 3)
+            if " colour " in question:
+                assert (pixels == COLOURS[answer]).all(1).any()
+            else:
+                assert answer in SHAPES
+    for sample in make_samples("perception", 60):
+        pairs = dict([*sample.also, (sample.question, sample.answer)])
+        count = int(pairs["How many objects are there? Answer with a number."])
+        pixels = np.asarray(sample.turns[0].images[0]).reshape(-1, 3)
+        for question, answer in pairs.items():
+            if question.startswith("What colour"):
+                assert (pixels == COLOURS[answer]).all(1).any()
+        assert sum(q.startswith("What colour") for q in pairs) <= count
+    relation = re.compile(r"Is the (\w+ \w+) (left of|above) the (\w+ \w+)\?")
+    for sample in make_samples("reasoning", 60):
+        facts = {relation.match(q).groups(): a for q, a in [*sample.also, (sample.question, sample.answer)]
+                 if relation.match(q)}  # fmt: skip
+        assert len(facts) in (0, 4)
+        for (x, rel, y), answer in facts.items():
+            assert not (answer == "yes" and facts[(y, rel, x)] == "yes")  # never both ways
+    assert all(not s.also for s in make_samples("agentic", 20))
 
 
 def test_perception_count_matches_the_pixels():

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 
 import pytest
 import torch
 
 import mmkv
 from evals.episodes import step_inputs
-from evals.tasks import make_samples
+from evals.tasks import make_samples, sample_session
 from mmkv.envs import expert_episode, hermes_text
 from mmkv.model.registry import SHIPPED, SHIPPED_DIR
 from mmkv.model.templates import TOOLS_INSTRUCTION
-from training.data import collate, encode_episode_step, supervised_calls
+from training.data import collate, encode_episode_step, encode_sample, supervised_calls
 from training.model import IMAGE_BOUNDS, load_for_training
 from training.train_small import train
 
@@ -148,3 +149,26 @@ def test_the_shipped_checkpoints_hold_the_tool_tokens(handle):
     tokenizer = handle.tokenizer
     assert all(len(tokenizer(t, add_special_tokens=False)["input_ids"]) == 1 for t in TOOL_TOKENS)
     assert add_tool_tokens(tokenizer, handle.model) == 0
+
+
+@pytest.mark.parametrize("category", ["trajectory", "multihop", "perception"])
+def test_dense_labels_are_exactly_the_answers_asked(handle, category):
+    """A dense example asks the sample's question among ``dense`` others it answers (``Sample.also``), each
+    answered in turn: the labelled tokens are exactly those answers + ``<|im_end|>``, in the order asked, and
+    ``dense=0`` is the eval's prompt (the session's render of the one question) with only its answer labelled."""
+    processor = handle.processor
+    for sample in make_samples(category, 4, seed=3, split="train"):
+        plain = encode_sample(handle, sample)
+        prompt, _ = sample_session(handle, sample).render(sample.question)
+        assert torch.equal(plain["ids"][: len(prompt)], prompt)
+        assert plain["labels"][plain["labels"] != -100].tolist() == processor.encode_text(
+            sample.answer + "<|im_end|>"
+        )
+        dense = encode_sample(handle, sample, dense=3, rng=random.Random(1))
+        text = processor.tokenizer.decode(dense["ids"])
+        asked = [(q, a) for q, a in [(sample.question, sample.answer), *sample.also] if q in text]
+        assert len(asked) == min(4, 1 + len(sample.also))
+        asked.sort(key=lambda pair: text.index(pair[0]))
+        expected = [t for _, a in asked for t in processor.encode_text(a + "<|im_end|>")]
+        assert dense["labels"][dense["labels"] != -100].tolist() == expected
+        assert torch.equal(dense["pixel_values"], plain["pixel_values"])
