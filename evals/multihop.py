@@ -26,6 +26,18 @@ __all__ = ["KINDS", "all_questions", "multihop"]
 KINDS = ("same_badge", "count_filled", "first_red", "first_filled")
 
 
+COUNT_QUESTION = "How many screens showed a filled form field? Answer with a number."
+_WHAT = ("a red status badge", "a filled form field")  # what first_red / first_filled ask about, by axis
+
+
+def _same_badge_question(i: int, j: int) -> str:
+    return f"Is the status badge on screen {i + 1} the same colour as on screen {j + 1}? Answer yes or no."
+
+
+def _first_question(axis: int) -> str:
+    return f"Which screen first showed {_WHAT[axis]}? Answer with a number."
+
+
 def _states(rng: random.Random, num: int, kind: str) -> tuple[list[tuple[bool, bool]], str, str]:
     """``(is_red, is_filled)`` per screen, the question and its answer."""
     states = [(rng.random() < 0.5, rng.random() < 0.5) for _ in range(num)]
@@ -34,21 +46,15 @@ def _states(rng: random.Random, num: int, kind: str) -> tuple[list[tuple[bool, b
         j = rng.randrange(i + 2, num)
         same = rng.random() < 0.5
         states[j] = (states[i][0] == same, states[j][1])
-        question = (
-            f"Is the status badge on screen {i + 1} the same colour as on screen {j + 1}? Answer yes or no."
-        )
-        return states, question, "yes" if same else "no"
+        return states, _same_badge_question(i, j), "yes" if same else "no"
     if kind == "count_filled":
-        question = "How many screens showed a filled form field? Answer with a number."
-        return states, question, str(sum(filled for _, filled in states))
+        return states, COUNT_QUESTION, str(sum(filled for _, filled in states))
     axis = 0 if kind == "first_red" else 1
     first = rng.randrange(num)
     for k in range(first):
         states[k] = tuple(False if a == axis else v for a, v in enumerate(states[k]))
     states[first] = tuple(True if a == axis else v for a, v in enumerate(states[first]))
-    what = "a red status badge" if axis == 0 else "a filled form field"
-    question = f"Which screen first showed {what}? Answer with a number."
-    return states, question, str(first + 1)
+    return states, _first_question(axis), str(first + 1)
 
 
 def all_questions(states: list[tuple[bool, bool]]) -> list[tuple[str, str]]:
@@ -58,19 +64,17 @@ def all_questions(states: list[tuple[bool, bool]]) -> list[tuple[str, str]]:
     >>> [a for _, a in all_questions([(True, False), (False, False), (True, True)])]
     ['yes', '1', '1', '3']
     """
-    num, out = len(states), []
-    for i in range(num):
-        for j in range(i + 2, num):
-            out.append((
-                f"Is the status badge on screen {i + 1} the same colour as on screen {j + 1}? Answer yes or no.",
-                "yes" if states[i][0] == states[j][0] else "no",
-            ))  # fmt: skip
-    out.append(("How many screens showed a filled form field? Answer with a number.",
-                str(sum(filled for _, filled in states))))  # fmt: skip
-    for axis, what in ((0, "a red status badge"), (1, "a filled form field")):
+    num = len(states)
+    out = [
+        (_same_badge_question(i, j), "yes" if states[i][0] == states[j][0] else "no")
+        for i in range(num)
+        for j in range(i + 2, num)
+    ]
+    out.append((COUNT_QUESTION, str(sum(filled for _, filled in states))))
+    for axis in (0, 1):
         hits = [k for k, state in enumerate(states) if state[axis]]
         if hits:
-            out.append((f"Which screen first showed {what}? Answer with a number.", str(hits[0] + 1)))
+            out.append((_first_question(axis), str(hits[0] + 1)))
     return out
 
 

@@ -69,20 +69,37 @@ TRAINING_CATEGORIES = (*CATEGORIES, "agentic_text")  # + the agentic task with t
 _Object = SceneObject  # the name app/trajectory.py imports
 
 
+def _colour_question(o: SceneObject) -> tuple[str, str]:
+    return f"What colour is the {o.shape}? Answer with one word.", o.colour
+
+
+def _shape_question(o: SceneObject) -> tuple[str, str]:
+    return f"What shape is the {o.colour} object? Answer with one word.", o.shape
+
+
+def _count_question(objects: list[SceneObject]) -> tuple[str, str]:
+    return "How many objects are there? Answer with a number.", str(len(objects))
+
+
+def _relation_question(x: SceneObject, relation: str, y: SceneObject) -> tuple[str, str]:
+    truth = x.col < y.col if relation == "left of" else x.row < y.row
+    return (
+        f"Is the {x.colour} {x.shape} {relation} the {y.colour} {y.shape}? Answer yes or no.",
+        "yes" if truth else "no",
+    )
+
+
+def _screen_question(obj: SceneObject, kind: str, screen: int) -> tuple[str, str]:
+    question = f"What {kind} was the object on screen {screen + 1}? Answer with one word."
+    return question, obj.colour if kind == "colour" else obj.shape
+
+
 def _scene_questions(objects: list[SceneObject]) -> list[tuple[str, str]]:
     """Every perception question a scene of ``objects`` answers: each object's colour (by its shape, where the
     shape is unique), its shape (by its colour, where unique), and the count."""
-    out = [
-        (f"What colour is the {o.shape}? Answer with one word.", o.colour)
-        for o in objects
-        if sum(p.shape == o.shape for p in objects) == 1
-    ]
-    out += [
-        (f"What shape is the {o.colour} object? Answer with one word.", o.shape)
-        for o in objects
-        if sum(p.colour == o.colour for p in objects) == 1
-    ]
-    return [*out, ("How many objects are there? Answer with a number.", str(len(objects)))]
+    out = [_colour_question(o) for o in objects if sum(p.shape == o.shape for p in objects) == 1]
+    out += [_shape_question(o) for o in objects if sum(p.colour == o.colour for p in objects) == 1]
+    return [*out, _count_question(objects)]
 
 
 def _others(pairs: list[tuple[str, str]], question: str) -> tuple[tuple[str, str], ...]:
@@ -94,13 +111,12 @@ def _perception(rng: random.Random, split: Split) -> Generated:
     objects = random_objects(rng, rng.randint(1, 4))
     kind = rng.choice(["colour", "shape", "count"])
     target = rng.choice(objects)
-    count = ("How many objects are there? Answer with a number.", str(len(objects)))
     if kind == "colour" and sum(o.shape == target.shape for o in objects) == 1:
-        question, answer = f"What colour is the {target.shape}? Answer with one word.", target.colour
+        question, answer = _colour_question(target)
     elif kind == "shape" and sum(o.colour == target.colour for o in objects) == 1:
-        question, answer = f"What shape is the {target.colour} object? Answer with one word.", target.shape
+        question, answer = _shape_question(target)
     else:
-        question, answer = count
+        question, answer = _count_question(objects)
     turns = [Turn((scene_in_split(objects, rng, split),), "Look at this picture.")]
     return "", turns, question, answer, _others(_scene_questions(objects), question)
 
@@ -109,16 +125,11 @@ def _reasoning(rng: random.Random, split: Split) -> Generated:
     if rng.random() < 0.7:
         a, b = random_objects(rng, 2)
         relation = rng.choice(["left of", "above"])
-        truth = a.col < b.col if relation == "left of" else a.row < b.row
         scene = scene_in_split([a, b], rng, split)
-        question = f"Is the {a.colour} {a.shape} {relation} the {b.colour} {b.shape}? Answer yes or no."
-        pairs = [
-            (f"Is the {x.colour} {x.shape} {r} the {y.colour} {y.shape}? Answer yes or no.",
-             "yes" if (x.col < y.col if r == "left of" else x.row < y.row) else "no")
-            for x, y in ((a, b), (b, a)) for r in ("left of", "above")
-        ]  # fmt: skip
+        question, answer = _relation_question(a, relation, b)
+        pairs = [_relation_question(x, r, y) for x, y in ((a, b), (b, a)) for r in ("left of", "above")]
         turns = [Turn((scene,), "Look at this picture.")]
-        return "", turns, question, "yes" if truth else "no", _others(pairs, question)
+        return "", turns, question, answer, _others(pairs, question)
     first, second = rng.randint(1, 4), rng.randint(1, 4)
     scenes = tuple(scene_in_split(random_objects(rng, k), rng, split) for k in (first, second))
     answer = "first" if first > second else "second" if second > first else "same"
@@ -184,13 +195,9 @@ def _trajectory(rng: random.Random, split: Split) -> Generated:
     turns = [Turn((image,), f"Screen {i + 1}.") for i, (_, image) in enumerate(shown)]
     target = rng.randrange(num)
     kind = rng.choice(["colour", "shape"])
-    obj = shown[target][0]
-    question = f"What {kind} was the object on screen {target + 1}? Answer with one word."
-    pairs = [
-        (f"What {k} was the object on screen {i + 1}? Answer with one word.", o.colour if k == "colour" else o.shape)
-        for i, (o, _) in enumerate(shown) for k in ("colour", "shape")
-    ]  # fmt: skip
-    return "", turns, question, obj.colour if kind == "colour" else obj.shape, _others(pairs, question)
+    question, answer = _screen_question(shown[target][0], kind, target)
+    pairs = [_screen_question(o, k, i) for i, (o, _) in enumerate(shown) for k in ("colour", "shape")]
+    return "", turns, question, answer, _others(pairs, question)
 
 
 def _generators() -> dict:

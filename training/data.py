@@ -58,19 +58,24 @@ def encode_sample(
     return example
 
 
+def _answer_starts(handle: ModelHandle, flat: list[int]) -> list[int]:
+    """Where each assistant turn's content begins in the token ids ``flat`` (just after its header)."""
+    header = handle.processor.encode_text(ASSISTANT_HEADER)
+    return [
+        i + len(header)
+        for i in range(len(flat) - len(header) + 1)
+        if flat[i] == header[0] and flat[i : i + len(header)] == header
+    ]
+
+
 def _label_earlier_answers(handle: ModelHandle, ids: torch.Tensor, labels: torch.Tensor, count: int) -> None:
     """Copy into ``labels`` the first ``count`` assistant answers of ``ids`` (each from after its header up to
     and including its ``<|im_end|>``). Changes ``labels`` only. Raises ``AssertionError`` if the prompt holds
     fewer answers."""
     if not count:
         return
-    header, flat = handle.processor.encode_text(ASSISTANT_HEADER), ids.tolist()
-    end = handle.processor.encode_text("<|im_end|>")[0]
-    starts = [
-        i + len(header)
-        for i in range(len(flat) - len(header) + 1)
-        if flat[i] == header[0] and flat[i : i + len(header)] == header
-    ]
+    flat, end = ids.tolist(), handle.processor.encode_text("<|im_end|>")[0]
+    starts = _answer_starts(handle, flat)
     assert len(starts) >= count, f"found {len(starts)} assistant turns, expected {count} answered"
     for start in starts[:count]:
         stop = flat.index(end, start) + 1
@@ -102,12 +107,7 @@ def encode_episode_step(
     inputs = processor(text, message_images(messages))
     ids = inputs["input_ids"][0]  # (L,)
     labels = torch.full_like(ids, -100)
-    header, flat = processor.encode_text(ASSISTANT_HEADER), ids.tolist()
-    starts = [
-        i + len(header)
-        for i in range(len(flat) - len(header) + 1)
-        if flat[i] == header[0] and flat[i : i + len(header)] == header
-    ]
+    starts = _answer_starts(handle, ids.tolist())
     assert len(starts) == k + 1, f"found {len(starts)} assistant turns, expected {k + 1}"
     for j in supervised_calls(k, window):
         target = processor.encode_text(hermes_text(episode.steps[j].call) + "<|im_end|>")
