@@ -64,6 +64,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mmkv  # noqa: E402
+from evals.baselines import mark_chance  # noqa: E402
 from evals.edit import FLIP, GATES, TEMPLATE, edit_samples  # noqa: E402
 from evals.preambles import STYLES, calibration_texts, make_preamble  # noqa: E402
 from evals.report import (  # noqa: E402
@@ -201,6 +202,7 @@ def score_sample(
                 **(labels or {}),
                 "sample": sample.digest[:16],
                 "answer": r["answer"],
+                "expected": sample.answer,
                 "correct": r["answer"] == sample.answer,
                 "agree": r["answer"] == reference["answer"],
                 "cosine": float(F.cosine_similarity(r["logits"], reference["logits"], dim=0)),
@@ -224,9 +226,10 @@ def aggregate(
 ) -> dict:
     """Per arm (``arms`` first, then the others in ``records``' order of first appearance) and value of ``by`` (``"gate"``, ``"shift"``,
     ``"target"`` (the requested shift, signed), ``"style"``; and ``"all"``): ``n`` and each of ``COMPOSE_METRICS``
-    whose fields the records hold (Wilson 95% for agreement and accuracy, seeded bootstrap for the rest). Pure."""
+    whose fields the records hold (Wilson 95% for agreement and accuracy, seeded bootstrap for the rest), and
+    ``chance`` / ``at_chance`` against full recompute's accuracy (``evals/baselines.py``). Pure."""
     metrics = {k: m for k, m in COMPOSE_METRICS.items() if all(key in r for r in records for key in m.keys)}
-    return cells(records, "arm", by, metrics, resamples, seed, arms)
+    return mark_chance(cells(records, "arm", by, metrics, resamples, seed, arms), records, by, reference="full")
 
 
 def run(
@@ -351,7 +354,8 @@ def run(
         f"and preamble, moved by preambles of {', '.join(map(str, shifts))} tokens in {len(texts)} styles "
         f"({', '.join(texts)}): shift > 0 spliced after the preamble, shift < 0 compiled after it and spliced at "
         "the message's start; arms against `full`, 95% intervals in brackets (Wilson for proportions, bootstrap "
-        "otherwise); `segment recomputed`: the share of the segment computed in context (seam and repair).\n\n"
+        "otherwise); `segment recomputed`: the share of the segment computed in context (seam and repair); "
+        "`(at chance)`: full recompute's accuracy cannot be told from the best blind guess (evals/baselines.py).\n\n"
     )
     markdown = (
         compose_markdown(by_gate) + "\n\n## By shift (requested tokens; + spliced after, - compiled after)\n\n"

@@ -63,6 +63,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mmkv  # noqa: E402
+from evals.baselines import attach_reference, delta_estimate, mark_chance  # noqa: E402
 from evals.report import VQA_METRICS, cells, default_out, script_main, vqa_markdown, vqa_plot, write_results  # noqa: E402
 from evals.tasks import CATEGORIES, Sample, load_jsonl, make_samples, normalise_answer, sample_session  # noqa: E402
 from mmkv.cache import EncoderStore, KVStore  # noqa: E402
@@ -303,15 +304,24 @@ def aggregate(records: Sequence[dict], resamples: int = 1000, seed: int = 0) -> 
     ``reused_fraction`` (prompt tokens not run through the model / prompt tokens, over the cell),
     ``image_recomputed`` (spliced images' tokens computed in context / their tokens) and ``repair_ms`` (median
     ranking time) with seeded bootstrap intervals (each metric only when the records hold its fields); and
-    ``min_abs_shift`` / ``max_abs_shift`` (kv arms: the least / largest image shift over the cell's samples). Pure (no model needed). Arms in ``ARM_NAMES`` order,
-    categories in order of first appearance, then ``"all"``."""
+    ``min_abs_shift`` / ``max_abs_shift`` (kv arms: the least / largest image shift over the cell's samples);
+    ``delta_accuracy`` (the arm's accuracy minus none's on the same samples, bootstrap 95%) and, from
+    ``evals/baselines.py``, ``chance`` (the best blind guesser's accuracy on the category), ``reference_accuracy``
+    (none's) and ``at_chance`` (none's interval reaches chance: the category cannot tell whether reuse breaks
+    anything). Pure (no model needed). Arms in ``ARM_NAMES`` order, categories in order of first appearance, then
+    ``"all"``."""
 
     def shift(pick, key: str):
         return lambda cell: pick((r[key] for r in cell if r.get(key) is not None), default=None)
 
-    extras = {"min_abs_shift": shift(min, "min_abs_shift"), "max_abs_shift": shift(max, "max_abs_shift")}
+    extras = {
+        "min_abs_shift": shift(min, "min_abs_shift"), "max_abs_shift": shift(max, "max_abs_shift"),
+        "delta_accuracy": lambda cell: delta_estimate(cell, resamples, seed),
+    }  # fmt: skip
+    paired = attach_reference(records)
     metrics = {k: m for k, m in VQA_METRICS.items() if all(key in r for r in records for key in m.keys)}
-    return cells(records, "arm", "category", metrics, resamples, seed, ARM_NAMES, extras)
+    table = cells(paired, "arm", "category", metrics, resamples, seed, ARM_NAMES, extras)
+    return mark_chance(table, records, "category")
 
 
 # --------------------------------------------------------------------------------------------------- runs
@@ -370,7 +380,9 @@ def run(
         f"# VQA eval: {name}\n\n{len(samples)} samples, arms against full recompute (`none`), seam {seam}, "
         f"{handle.device} {handle.dtype}; 95% intervals in brackets (Wilson for accuracy and agreement, "
         "bootstrap for the rest); `reused`: the fraction of prompt tokens spliced, not recomputed; `img recomputed`: "
-        "the share of spliced images' tokens computed in context (seam and repair).\n\n"
+        "the share of spliced images' tokens computed in context (seam and repair); `chance`: the best blind "
+        "guesser's accuracy (evals/baselines.py), `(at chance)`: none's accuracy cannot be told from it, so that "
+        "category cannot show whether reuse breaks anything; `acc - none acc`: paired, per sample.\n\n"
     )
     title = f"{name}: {len(samples)} samples"
     write_results(out, results, header, vqa_markdown(table), lambda p: vqa_plot(table, p, title=title))
