@@ -14,7 +14,11 @@ preprocessor config, chat template), the run's ``progress.jsonl`` and ``training
 progress lines up to the snapshot continued from come first in the shipped ``progress.jsonl`` (steps and seconds
 counted on from them, each line tagged with its run), and their settings join ``training_report.json``
 (``earlier_runs``), so the shipped learning curve and training time cover every run. The best checkpoint is
-chosen from ``run`` only.
+chosen from ``run`` only. An earlier RUN may be a copy of a shipped checkpoint (``--init checkpoints/<name>``):
+its curve keeps its lines' run tags, and its report's ``earlier_runs`` and its own report join the new one's.
+
+    cp -r checkpoints/small-qwen3-vl /work/runs/shipped-qwen3_vl   # before shipping over it
+    python training/finalise.py /work/runs/train-qwen3_vl small-qwen3-vl --earlier /work/runs/shipped-qwen3_vl
 """
 
 from __future__ import annotations
@@ -61,7 +65,11 @@ def _curve(runs: list[Path]) -> tuple[list[dict], list[dict]]:
     for k, run in enumerate(runs):
         own = [json.loads(t) for t in (run / "progress.jsonl").read_text().splitlines() if t.strip()]
         info = json.loads((run / "settings.json").read_text()) if (run / "settings.json").is_file() else {}
-        settings.append({"run": str(run), **info})
+        if not info and (run / "training_report.json").is_file():  # a shipped checkpoint: its own history
+            report = json.loads((run / "training_report.json").read_text())
+            settings += [*report.pop("earlier_runs", []), {"run": str(run), **report}]
+        else:
+            settings.append({"run": str(run), **info})
         if len(runs) == 1:
             return own, settings
         if k + 1 < len(runs):
@@ -71,7 +79,7 @@ def _curve(runs: list[Path]) -> tuple[list[dict], list[dict]]:
         if k and own and own[0]["step"] == 0:
             own = own[1:]  # a continuation's step 0 is its predecessor's last snapshot again
         for line in own:
-            lines.append({**line, "run": run.name, "step": line["step"] + step0,
+            lines.append({**line, "run": line.get("run", run.name), "step": line["step"] + step0,
                           "seconds": round(line.get("seconds", 0.0) + seconds0, 1)})  # fmt: skip
         if own:
             step0, seconds0 = lines[-1]["step"], lines[-1]["seconds"]

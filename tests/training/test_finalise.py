@@ -71,6 +71,41 @@ def test_a_continued_run_ships_one_learning_curve(tmp_path, monkeypatch):
     assert report["earlier_runs"] == [{"run": str(first), "lr": 1e-3}]
 
 
+def test_a_run_continued_from_a_shipped_checkpoint_keeps_its_whole_history(tmp_path, monkeypatch):
+    """Continued from a copy of a shipped checkpoint (``--init checkpoints/<name>``): the shipped curve's lines
+    keep their own run tags and cumulative steps, the continuation counts on from its last line, and the
+    shipped report's earlier runs come first in ``earlier_runs``, followed by that report itself."""
+    shipped_before, run = tmp_path / "shipped-before", tmp_path / "cont"
+    for directory in (shipped_before, run):
+        directory.mkdir()
+        (directory / "model.safetensors").write_text(directory.name)
+    old_curve = [_line(0, 0.1, 0.1) | {"seconds": 0, "run": "a"}, _line(100, 0.3, 0.3) | {"seconds": 50, "run": "a"},
+                 _line(300, 0.5, 0.5, final=True) | {"seconds": 90, "run": "b"}]  # fmt: skip
+    (shipped_before / "progress.jsonl").write_text("".join(json.dumps(x) + "\n" for x in old_curve))
+    old_report = {"lr": 5e-4, "shipped_step": 200, "earlier_runs": [{"run": "/runs/a", "lr": 1e-3}]}
+    (shipped_before / "training_report.json").write_text(json.dumps(old_report))
+    (run / "settings.json").write_text(json.dumps({"lr": 1e-4, "init": "checkpoints/small-qwen3-vl"}))
+    new_curve = [_line(0, 0.5, 0.5) | {"seconds": 0}, _line(40, 0.7, 0.7, final=True) | {"seconds": 30}]
+    (run / "progress.jsonl").write_text("".join(json.dumps(x) + "\n" for x in new_curve))
+    (run / "training_report.json").write_text(json.dumps({"steps_done": 40}))
+    monkeypatch.setattr(finalise, "ROOT", tmp_path)
+    finalise.finalise(run, "small-qwen3-vl", earlier=[shipped_before])
+    shipped = tmp_path / "checkpoints" / "small-qwen3-vl"
+    curve = [json.loads(t) for t in (shipped / "progress.jsonl").read_text().splitlines()]
+    assert [(x["run"], x["step"], x["seconds"]) for x in curve] == [
+        ("a", 0, 0),
+        ("a", 100, 50),
+        ("b", 300, 90),
+        ("cont", 340, 120),
+    ]
+    report = json.loads((shipped / "training_report.json").read_text())
+    assert report["earlier_runs"] == [
+        {"run": "/runs/a", "lr": 1e-3},
+        {"run": str(shipped_before), "lr": 5e-4, "shipped_step": 200},
+    ]
+    assert report["total_seconds"] == 120 and report["shipped_step"] == 40
+
+
 def test_shipping_over_a_checkpoint_never_rewrites_the_files_in_place(tmp_path, monkeypatch):
     """A server may have the shipped weights memory-mapped: shipping anew puts new files in their place
     (new inodes) and leaves what a reader opened before intact, with no partial files left behind."""
