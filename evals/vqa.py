@@ -33,10 +33,7 @@ Example runs::
     python evals/vqa.py --model tiny-qwen3-vl --n 20
     python evals/vqa.py --model small-qwen3-vl
     python evals/vqa.py --model qwen3-vl-8b --device cuda --n 100 --categories agentic trajectory
-    python evals/vqa.py --model small-qwen3-vl --categories multihop --arms kv-shifted
-    python evals/vqa.py --model tiny-qwen2.5-vl --n 5 --arms kv-shifted kv-no-rotate --seam 2
-    python evals/vqa.py --model small-qwen3-vl --n 50 --seed 5077 --categories multihop trajectory \
-        --arms kv-shifted kv-no-seam kv-shifted-s16 kv-shifted-seam-5% kv-shifted-dev-5% kv-shifted-att-5%
+    python evals/vqa.py --model tiny-qwen2.5-vl --n 5 --categories multihop --arms kv-shifted kv-shifted-dev-5%
     python evals/vqa.py --model qwen3-vl-8b --jsonl my_tasks.jsonl --out runs/mine
 
 TTFTs are wall-clock: on a CPU shared with other jobs, ``OMP_NUM_THREADS=1`` keeps them sane for tiny models.
