@@ -36,7 +36,7 @@ from evals.report import Metric
 from mmkv.synthetic import COLOURS
 
 __all__ = [
-    "DELTA", "at_chance", "attach_reference", "chance_level", "delta_estimate", "mark_chance", "question_form",
+    "DELTA", "at_chance", "attach_reference", "chance_level", "mark_chance", "question_form",
 ]  # fmt: skip
 
 _MASKS = (  # (pattern, placeholder), applied in order; whole words only
@@ -148,9 +148,3 @@ def mark_chance(
         for arm, groups in table.items()
     }
 
-
-def delta_estimate(cell: Sequence[dict], resamples: int = 1000, seed: int = 0) -> dict | None:
-    """``DELTA`` over ``cell`` (``{"value", "low", "high"}``), or ``None`` when a record lacks its fields."""
-    if not cell or any(k not in r for r in cell for k in DELTA.keys):
-        return None
-    return DELTA.estimate(cell, resamples, seed)

@@ -221,22 +221,24 @@ def _markdown(table: dict[str, dict], first: str, group: str, columns: Sequence[
     for arm, groups in table.items():
         for name, c in groups.items():
             label = f"{name} (at chance)" if c.get("at_chance") else str(name)  # evals/baselines.py
-            lines.append("| " + " | ".join([str(arm), label, str(c["n"]), *(f(c) for _, f in columns)]) + " |")
+            row = [str(arm), label, str(c["n"]), *(f(c) for _, f in columns)]
+            lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 def vqa_markdown(table: dict[str, dict]) -> str:
     """The VQA aggregate, one row per arm and category (marked ``(at chance)`` where none's accuracy cannot be
-    told from the blind guesser's, ``chance``; ``acc - none acc``: the paired accuracy difference); ``reused`` is the fraction of prompt tokens not run
-    through the model (spliced), ``img recomputed`` the share of spliced images' tokens computed in context (seam
-    and repair), ``repair ms`` the median time of choosing them, ``shift`` the range of distances between where
-    spliced images were cached and placed."""
+    told from the blind guesser's, ``chance``; ``acc - none acc``: the paired accuracy difference); ``reused`` is
+    the fraction of prompt tokens not run through the model (spliced), ``img recomputed`` the share of spliced
+    images' tokens computed in context (seam and repair), ``repair ms`` the median time of choosing them,
+    ``shift`` the range of distances between where spliced images were cached and placed."""
     columns = [
         _column("accuracy", "accuracy"),
         *_optional(table, _column("acc - none acc", "delta_accuracy"), _column("none acc", "reference_accuracy"),
                    ("chance", lambda c: "" if c["chance"] is None else f"{c['chance']:.2f}"),
                    keys=("delta_accuracy", "reference_accuracy", "chance")),
-        _column("agreement with none", "agreement"), _column("logit cosine", "cosine", 5), _column("median TTFT ms", "ttft_s", 1, 1e3),
+        _column("agreement with none", "agreement"), _column("logit cosine", "cosine", 5),
+        _column("median TTFT ms", "ttft_s", 1, 1e3),
         _column("speedup", "speedup", suffix="x"), _column("reused", "reused_fraction"),
         *_optional(table, _column("img recomputed", "image_recomputed", 3), _column("repair ms", "repair_ms", 1)),
         ("shift", lambda c: "" if c["min_abs_shift"] is None else f"{c['min_abs_shift']}-{c['max_abs_shift']}"),

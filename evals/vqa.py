@@ -60,7 +60,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mmkv  # noqa: E402
-from evals.baselines import attach_reference, delta_estimate, mark_chance  # noqa: E402
+from evals.baselines import DELTA, attach_reference, mark_chance  # noqa: E402
 from evals.report import VQA_METRICS, cells, default_out, script_main, vqa_markdown, vqa_plot, write_results  # noqa: E402
 from evals.tasks import CATEGORIES, Sample, load_jsonl, make_samples, normalise_answer, sample_session  # noqa: E402
 from mmkv.cache import EncoderStore, KVStore  # noqa: E402
@@ -311,12 +311,10 @@ def aggregate(records: Sequence[dict], resamples: int = 1000, seed: int = 0) -> 
     def shift(pick, key: str):
         return lambda cell: pick((r[key] for r in cell if r.get(key) is not None), default=None)
 
-    extras = {
-        "min_abs_shift": shift(min, "min_abs_shift"), "max_abs_shift": shift(max, "max_abs_shift"),
-        "delta_accuracy": lambda cell: delta_estimate(cell, resamples, seed),
-    }  # fmt: skip
+    extras = {"min_abs_shift": shift(min, "min_abs_shift"), "max_abs_shift": shift(max, "max_abs_shift")}
     paired = attach_reference(records)
-    metrics = {k: m for k, m in VQA_METRICS.items() if all(key in r for r in records for key in m.keys)}
+    candidates = {**VQA_METRICS, "delta_accuracy": DELTA}
+    metrics = {k: m for k, m in candidates.items() if all(key in r for r in paired for key in m.keys)}
     table = cells(paired, "arm", "category", metrics, resamples, seed, ARM_NAMES, extras)
     return mark_chance(table, records, "category")
 

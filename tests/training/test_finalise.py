@@ -16,6 +16,14 @@ def _line(step: int, vqa: float, tool: float, final: bool = False) -> dict:
     return line | ({"final": True} if final else {})
 
 
+def _write_curve(run, lines: list[dict]) -> None:
+    (run / "progress.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def _read_curve(directory) -> list[dict]:
+    return [json.loads(t) for t in (directory / "progress.jsonl").read_text().splitlines()]
+
+
 def test_the_best_checkpoint_and_the_reports_are_copied(tmp_path, monkeypatch):
     """Step 200 scores best (0.5*0.8 + 0.5*0.9); step 0 has no checkpoint; the final one scores less."""
     run = tmp_path / "run"
@@ -24,7 +32,7 @@ def test_the_best_checkpoint_and_the_reports_are_copied(tmp_path, monkeypatch):
         (directory / "model.safetensors").write_text(directory.name)
         (directory / "config.json").write_text("{}")
     lines = [_line(0, 1.0, 1.0), _line(100, 0.5, 0.5), _line(200, 0.8, 0.9), _line(300, 0.9, 0.7, final=True)]
-    (run / "progress.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    _write_curve(run, lines)
     (run / "training_report.json").write_text(json.dumps({"steps_done": 300}))
     monkeypatch.setattr(finalise, "ROOT", tmp_path)
     assert finalise.finalise(run, "small-qwen3-vl", dry_run=True) == run / "step-000200"
@@ -53,13 +61,13 @@ def test_a_continued_run_ships_one_learning_curve(tmp_path, monkeypatch):
     later = [_line(0, 0.5, 0.5) | {"seconds": 0}, _line(50, 0.7, 0.8) | {"seconds": 40},
              _line(80, 0.6, 0.7, final=True) | {"seconds": 70}]  # fmt: skip
     for run, lines in ((first, earlier), (second, later)):
-        (run / "progress.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        _write_curve(run, lines)
     (second / "training_report.json").write_text(json.dumps({"steps_done": 80}))
     monkeypatch.setattr(finalise, "ROOT", tmp_path)
     finalise.finalise(second, "small-qwen2.5-vl", earlier=[first])
     shipped = tmp_path / "checkpoints" / "small-qwen2.5-vl"
     assert (shipped / "model.safetensors").read_text() == "step-000050"
-    curve = [json.loads(t) for t in (shipped / "progress.jsonl").read_text().splitlines()]
+    curve = _read_curve(shipped)
     assert [(x["run"], x["step"], x["seconds"]) for x in curve] == [
         ("first", 0, 0),
         ("first", 200, 100),
@@ -81,17 +89,17 @@ def test_a_run_continued_from_a_shipped_checkpoint_keeps_its_whole_history(tmp_p
         (directory / "model.safetensors").write_text(directory.name)
     old_curve = [_line(0, 0.1, 0.1) | {"seconds": 0, "run": "a"}, _line(100, 0.3, 0.3) | {"seconds": 50, "run": "a"},
                  _line(300, 0.5, 0.5, final=True) | {"seconds": 90, "run": "b"}]  # fmt: skip
-    (shipped_before / "progress.jsonl").write_text("".join(json.dumps(x) + "\n" for x in old_curve))
+    _write_curve(shipped_before, old_curve)
     old_report = {"lr": 5e-4, "shipped_step": 200, "earlier_runs": [{"run": "/runs/a", "lr": 1e-3}]}
     (shipped_before / "training_report.json").write_text(json.dumps(old_report))
     (run / "settings.json").write_text(json.dumps({"lr": 1e-4, "init": "checkpoints/small-qwen3-vl"}))
     new_curve = [_line(0, 0.5, 0.5) | {"seconds": 0}, _line(40, 0.7, 0.7, final=True) | {"seconds": 30}]
-    (run / "progress.jsonl").write_text("".join(json.dumps(x) + "\n" for x in new_curve))
+    _write_curve(run, new_curve)
     (run / "training_report.json").write_text(json.dumps({"steps_done": 40}))
     monkeypatch.setattr(finalise, "ROOT", tmp_path)
     finalise.finalise(run, "small-qwen3-vl", earlier=[shipped_before])
     shipped = tmp_path / "checkpoints" / "small-qwen3-vl"
-    curve = [json.loads(t) for t in (shipped / "progress.jsonl").read_text().splitlines()]
+    curve = _read_curve(shipped)
     assert [(x["run"], x["step"], x["seconds"]) for x in curve] == [
         ("a", 0, 0),
         ("a", 100, 50),
