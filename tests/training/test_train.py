@@ -67,12 +67,13 @@ def test_labels_are_exactly_the_supervised_tool_calls(handle, screenshot_in):
 
 
 def test_a_few_steps_lower_the_tool_call_loss(handle):
-    """Three optimiser steps on one batch of episode steps lower that batch's tool-call loss (on a copy: the
-    fixture stays as loaded)."""
+    """Each of three optimiser steps on one batch of episode steps lowers that batch's tool-call loss (on a
+    copy: the fixture stays as loaded). The rate is small because the shipped weights already fit these
+    training episodes (loss ~1e-3): Adam's first steps at 1e-3 overshoot a fitted minimum."""
     model = copy.deepcopy(handle.model).train()
     batch = [encode_episode_step(handle, expert_episode(s), 1, "tool", 3) for s in (1, 2)]
     inputs = collate(handle, batch)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     losses = []
     for _ in range(3):
         loss = model(**inputs).loss
@@ -81,7 +82,7 @@ def test_a_few_steps_lower_the_tool_call_loss(handle):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    assert losses[-1] < losses[0]
+    assert losses[2] < losses[1] < losses[0], losses
 
 
 def test_a_bounded_run_writes_snapshots_progress_and_report(tmp_path):
