@@ -8,7 +8,6 @@ import torch
 from PIL import Image
 
 import mmkv
-from mmkv.model.tiny import QWEN_SPECIAL_TOKENS
 
 FAMILY_MODELS = ["tiny-qwen2.5-vl", "tiny-qwen3-vl"]
 
@@ -34,7 +33,7 @@ def random_image(seed: int, grid_hw: tuple[int, int], patch: int) -> Image.Image
 
 def random_text_ids(handle: mmkv.ModelHandle, rng: np.random.Generator, length: int) -> torch.Tensor:
     """``length`` random ordinary (non-special) token ids."""
-    first_ordinary = len(QWEN_SPECIAL_TOKENS)  # the tiny tokenizers put the special tokens first
+    first_ordinary = len(handle.family.special_tokens)  # the tiny tokenizers put the special tokens first
     return torch.as_tensor(rng.integers(first_ordinary, len(handle.tokenizer), size=length), dtype=torch.long)
 
 

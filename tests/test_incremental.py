@@ -110,7 +110,7 @@ def _with_template(handle, template: str):
     from mmkv.model.processor import VLProcessor
 
     proc = handle.processor
-    return replace(handle, processor=VLProcessor(proc.tokenizer, proc.image_processor, template))
+    return replace(handle, processor=VLProcessor(proc.tokenizer, proc.image_processor, template, proc.family))
 
 
 _TRIMMING = (

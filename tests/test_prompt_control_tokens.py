@@ -55,7 +55,7 @@ def _with_added_tokens(handle: mmkv.ModelHandle, tokens: list[dict]) -> mmkv.Mod
     )
     old = handle.processor
     return dataclasses.replace(
-        handle, processor=VLProcessor(tokenizer, old.image_processor, old.chat_template)
+        handle, processor=VLProcessor(tokenizer, old.image_processor, old.chat_template, old.family)
     )
 
 

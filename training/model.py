@@ -37,9 +37,9 @@ from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLIm
 
 import mmkv
 from evals.tasks import AGENTIC_POLICY, COLOURS, SHAPES, TRAINING_CATEGORIES, make_samples
-from mmkv.model.handle import FAMILIES, ModelHandle
+from mmkv.model.families import family_named
+from mmkv.model.handle import ModelHandle
 from mmkv.model.processor import VLProcessor
-from mmkv.model.templates import QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
 from mmkv.model.tiny import train_tokenizer
 
 __all__ = [
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 OUT_NAMES = {"qwen3_vl": "small-qwen3-vl", "qwen2_5_vl": "small-qwen2.5-vl"}
-TEMPLATES = {"qwen3_vl": QWEN3_VL_TEMPLATE, "qwen2_5_vl": QWEN2_VL_TEMPLATE}
+TEMPLATES = {name: family_named(name).chat_template for name in OUT_NAMES}
 IMAGE_BOUNDS = {  # (min_pixels, max_pixels): see the module docstring
     "qwen3_vl": (32 * 32 * 4, 256 * 256),
     "qwen2_5_vl": (28 * 28 * 4, 224 * 224),
@@ -125,8 +125,8 @@ def build_model(family: str, seed: int = 0) -> ModelHandle:
         config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids)
         model = Qwen2_5_VLForConditionalGeneration(config)
     add_tool_tokens(tokenizer, model)
-    processor = VLProcessor(tokenizer, _image_processor(family), TEMPLATES[family])
-    return ModelHandle.from_parts(OUT_NAMES[family], model.eval(), processor, FAMILIES[family])
+    processor = VLProcessor(tokenizer, _image_processor(family), TEMPLATES[family], family_named(family))
+    return ModelHandle.from_parts(OUT_NAMES[family], model.eval(), processor, family_named(family))
 
 
 def add_tool_tokens(tokenizer, model) -> int:
@@ -159,7 +159,9 @@ def with_current_processor(handle: ModelHandle) -> ModelHandle:
     tokenizer and the embeddings grown in place)."""
     family = handle.family.name
     add_tool_tokens(handle.processor.tokenizer, handle.model)
-    processor = VLProcessor(handle.processor.tokenizer, _image_processor(family), TEMPLATES[family])
+    processor = VLProcessor(
+        handle.processor.tokenizer, _image_processor(family), TEMPLATES[family], handle.family
+    )
     return ModelHandle.from_parts(handle.name, handle.model, processor, handle.family)
 
 

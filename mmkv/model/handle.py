@@ -1,7 +1,7 @@
 """``ModelHandle``: the one object everything in mmkv takes, and the model fingerprint used in cache keys.
 
-A handle bundles the transformers model, the image-only processor, the family, the rotary layout and the
-position rule. Its ``fingerprint`` names what produced a KV tensor: the architecture config, the weights and
+A handle bundles the transformers model, the image-only processor, the family (``mmkv.model.families``: what
+mmkv knows about the architecture), the rotary layout and the position rule. Its ``fingerprint`` names what produced a KV tensor: the architecture config, the weights and
 the dtype. Two handles with the same fingerprint produce the same KV for the same tokens; anything cached under
 one fingerprint must never be served to another.
 """
@@ -22,30 +22,14 @@ from typing import NewType
 import torch
 from transformers import PreTrainedModel
 
-from ..mrope import PositionRule, RotaryLayout, rotary_layout_from_config
+from ..mrope import PositionRule, RotaryLayout
+from .families import Family
 from .processor import VLProcessor
 
-__all__ = ["FAMILIES", "FamilySpec", "ModelFingerprint", "ModelHandle", "model_fingerprint"]
+__all__ = ["ModelFingerprint", "ModelHandle", "model_fingerprint"]
 
 ModelFingerprint = NewType("ModelFingerprint", str)  # full-width SHA-256 hex digest
 
-
-@dataclass(frozen=True, slots=True)
-class FamilySpec:
-    """How mmkv treats one architecture family."""
-
-    name: str  # "qwen2_vl" | "qwen2_5_vl" | "qwen3_vl" | "qwen3_vl_moe" (the config's model_type)
-    model_class: str  # transformers class that loads it
-    rotary_kind: str  # rotary channel layout: "sectioned" | "interleaved"
-    has_deepstack: bool  # vision features injected into early LM layers (Qwen3-VL)
-
-
-FAMILIES: dict[str, FamilySpec] = {
-    "qwen2_vl": FamilySpec("qwen2_vl", "Qwen2VLForConditionalGeneration", "sectioned", False),
-    "qwen2_5_vl": FamilySpec("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration", "sectioned", False),
-    "qwen3_vl": FamilySpec("qwen3_vl", "Qwen3VLForConditionalGeneration", "interleaved", True),
-    "qwen3_vl_moe": FamilySpec("qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", "interleaved", True),
-}
 
 # config keys that do not change what the model computes
 _VOLATILE_KEYS = frozenset(
@@ -96,12 +80,13 @@ def model_fingerprint(model: PreTrainedModel) -> ModelFingerprint:
 
 @dataclass(frozen=True, eq=False)
 class ModelHandle:
-    """A loaded Qwen-VL model and everything mmkv needs to know about it. Immutable; the model is in eval mode."""
+    """A loaded vision-language model and everything mmkv needs to know about it. Immutable; the model is in
+    eval mode."""
 
     name: str  # what it was loaded as: an alias, a hub id or a path
     model: PreTrainedModel  # transformers *ForConditionalGeneration
     processor: VLProcessor  # tokenizer + image processor + chat template
-    family: FamilySpec  # architecture family
+    family: Family  # architecture family: everything mmkv asks about it
     rotary: RotaryLayout  # rotary channel layout of the language model
     position_rule: PositionRule  # M-RoPE position rule (merge size)
     fingerprint: ModelFingerprint  # config + weights + dtype identity, for cache keys
@@ -111,19 +96,24 @@ class ModelHandle:
 
     @classmethod
     def from_parts(
-        cls, name: str, model: PreTrainedModel, processor: VLProcessor, family: FamilySpec
+        cls, name: str, model: PreTrainedModel, processor: VLProcessor, family: Family
     ) -> ModelHandle:
-        """Build a handle, deriving the rotary layout, position rule and fingerprint from the model itself."""
-        text_config = model.config.get_text_config()
-        rotary = model.model.language_model.rotary_emb
-        rotary_layout = rotary_layout_from_config(text_config, family.rotary_kind, inv_freq=rotary.inv_freq)
+        """Build a handle, deriving the rotary layout, position rule and fingerprint from the model itself
+        (through its family)."""
+        rotary_layout = family.rotary_layout(model)
         merge = int(model.config.vision_config.spatial_merge_size)
         if merge != processor.merge_size:
             raise ValueError(
                 f"model merge size {merge} differs from the image processor's {processor.merge_size}"
             )
         return cls(
-            name, model, processor, family, rotary_layout, PositionRule(merge), model_fingerprint(model)
+            name,
+            model,
+            processor,
+            family,
+            rotary_layout,
+            family.position_rule(merge),
+            model_fingerprint(model),
         )
 
     @property
@@ -174,9 +164,8 @@ class ModelHandle:
     @functools.cached_property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V one token occupies over all layers (cached: it reads the weights' dtype, ~30 us)."""
-        cfg = self.text_config
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        return 2 * self.num_layers * cfg.num_key_value_heads * head_dim * self.dtype.itemsize
+        _, kv_heads, head_dim = self.kv_shape
+        return 2 * self.num_layers * kv_heads * head_dim * self.dtype.itemsize
 
     def variant(self, *, eager: bool = False, num_layers: int | None = None) -> PreTrainedModel:
         """The model as a call that needs another attention kernel (``eager``: the only one that returns

@@ -11,11 +11,11 @@ import os
 from pathlib import Path
 
 import torch
-import transformers
 from transformers import AutoConfig
 
-from ..errors import ModelNotFoundError, UnsupportedModelError
-from .handle import FAMILIES, FamilySpec, ModelHandle
+from ..errors import ModelNotFoundError
+from .families import family_named, family_of
+from .handle import ModelHandle
 from .processor import VLProcessor
 from .registry import ALIASES, SHIPPED, TINY, is_hub_id, resolve_alias, unknown_name_message
 from .tiny import build_tiny
@@ -68,16 +68,6 @@ def resolve_checkpoint(name: str) -> Path:
         raise _not_found(name, repo, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
 
 
-def _family_of(config) -> FamilySpec:
-    model_type = getattr(config, "model_type", None)
-    if model_type not in FAMILIES:
-        raise UnsupportedModelError(
-            f"model_type {model_type!r} is not supported; mmkv caches Qwen2-VL, Qwen2.5-VL and Qwen3-VL "
-            f"checkpoints ({', '.join(FAMILIES)})"
-        )
-    return FAMILIES[model_type]
-
-
 def load(
     name_or_path: str | os.PathLike,
     device: str | torch.device | None = None,
@@ -85,32 +75,33 @@ def load(
 ) -> ModelHandle:
     """Load a model and return its ``ModelHandle``.
 
-    ``name_or_path``: ``"tiny-qwen2.5-vl"`` / ``"tiny-qwen3-vl"`` (random weights, built in memory),
+    ``name_or_path``: a tiny model such as ``"tiny-qwen3-vl"`` or ``"tiny-glm-4.1v"`` (random weights, built in
+    memory; ``TINY``),
     ``"small-qwen2.5-vl"`` / ``"small-qwen3-vl"`` (shipped trained checkpoints), an alias such as
     ``"qwen3-vl-8b"``, a hub id, or a local checkpoint directory.
     ``device``: default CUDA when available, else CPU. ``dtype``: default float32 on the CPU and the
     checkpoint's own dtype (bfloat16 for the released models) on an accelerator.
 
     Raises ``ModelNotFoundError`` when the checkpoint is absent and cannot be fetched, and
-    ``UnsupportedModelError`` for an architecture other than Qwen2/2.5/3-VL.
+    ``UnsupportedModelError`` for an architecture no family in ``mmkv.model.families`` serves.
     """
     name = os.fspath(name_or_path)
     device = torch.device(device) if device is not None else _default_device()
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
     if name.lower() in TINY:
-        family = FAMILIES[TINY[name.lower()]]
+        family = family_named(TINY[name.lower()])
         model, processor = build_tiny(family.name)
         model = model.to(device=device, dtype=dtype or torch.float32)
         return ModelHandle.from_parts(name, model, processor, family)
 
     directory = resolve_checkpoint(name)
     config = AutoConfig.from_pretrained(directory)
-    family = _family_of(config)
+    family = family_of(getattr(config, "model_type", None))
     if dtype is None:
         dtype = torch.float32 if device.type == "cpu" else (getattr(config, "dtype", None) or torch.bfloat16)
-    model_class = getattr(transformers, family.model_class)
+    model_class = family.model_class(config.model_type)
     model = model_class.from_pretrained(directory, dtype=dtype, attn_implementation="sdpa")
     model = model.to(device).eval()
-    processor = VLProcessor.from_pretrained(directory)
+    processor = VLProcessor.from_pretrained(directory, family)
     return ModelHandle.from_parts(name, model, processor, family)

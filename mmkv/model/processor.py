@@ -1,9 +1,10 @@
-"""An image-only Qwen-VL processor: tokenizer + PIL image processor + chat template, no torchvision.
+"""An image-only processor: tokenizer + the family's PIL image processor + chat template, no torchvision.
 
-The stock ``Qwen2_5_VLProcessor`` / ``Qwen3VLProcessor`` need a video processor, which needs torchvision; mmkv
-does images only, so it drives the tokenizer and ``Qwen2VLImageProcessorPil`` directly, doing what the stock
-processor does for images: render the chat template, then replace the ``i``-th ``<|image_pad|>`` with
-``grid_i.prod() // merge**2`` pads, then tokenize. Token ids are therefore those the stock processor produces.
+The stock processors (``Qwen3VLProcessor``, ``Glm4vProcessor``, ...) need a video processor, which needs
+torchvision; mmkv does images only, so it drives the tokenizer and the family's PIL image processor directly,
+doing what the stock processor does for images: render the chat template, then replace the ``i``-th image pad
+(the family's ``tokens.pad``: ``<|image_pad|>``, ``<|image|>``) with ``grid_i.prod() // merge**2`` pads, then
+tokenize. Token ids are therefore those the stock processor produces.
 """
 
 from __future__ import annotations
@@ -16,13 +17,10 @@ from pathlib import Path
 import torch
 from PIL import Image
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
+
+from .families import Family
 
 __all__ = ["ImageInputs", "VLProcessor", "read_chat_template"]
-
-IMAGE_PAD = "<|image_pad|>"
-VISION_START = "<|vision_start|>"
-VISION_END = "<|vision_end|>"
 
 
 @dataclass(frozen=True)
@@ -49,24 +47,26 @@ def read_chat_template(directory: Path) -> str | None:
 
 
 class VLProcessor:
-    """Prompt rendering and image preprocessing for one Qwen-VL checkpoint (stateless after construction)."""
+    """Prompt rendering and image preprocessing for one checkpoint of ``family`` (stateless after
+    construction)."""
 
     def __init__(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        image_processor: Qwen2VLImageProcessorPil,
-        chat_template: str,
+        self, tokenizer: PreTrainedTokenizerBase, image_processor, chat_template: str, family: Family
     ) -> None:
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.chat_template = chat_template
+        self.family = family
+        tokens = family.tokens
         vocab = tokenizer.get_vocab()
-        missing = [t for t in (IMAGE_PAD, VISION_START, VISION_END) if t not in vocab]
+        missing = [t for t in (tokens.pad, tokens.start, tokens.end, family.end_of_turn) if t not in vocab]
         if missing:
-            raise ValueError(f"the tokenizer lacks the Qwen-VL special tokens {missing}")
-        self.image_token_id: int = vocab[IMAGE_PAD]  # <|image_pad|>
-        self.vision_start_token_id: int = vocab[VISION_START]  # <|vision_start|>
-        self.vision_end_token_id: int = vocab[VISION_END]  # <|vision_end|>
+            raise ValueError(f"the tokenizer lacks the {family.label} special tokens {missing}")
+        self.image_pad: str = tokens.pad  # the template's image placeholder, expanded to one pad per token
+        self.image_token_id: int = vocab[tokens.pad]  # <|image_pad|>, <|image|>
+        self.vision_start_token_id: int = vocab[tokens.start]  # <|vision_start|>, <|begin_of_image|>
+        self.vision_end_token_id: int = vocab[tokens.end]  # <|vision_end|>, <|end_of_image|>
+        self.end_of_turn_id: int = vocab[family.end_of_turn]  # <|im_end|>, <|user|>: an answer ends there
 
     @property
     def merge_size(self) -> int:
@@ -80,7 +80,8 @@ class VLProcessor:
 
     @property
     def pixel_bounds(self) -> tuple[int, int]:
-        """``(min_pixels, max_pixels)`` that ``smart_resize`` keeps an image within."""
+        """``(min_pixels, max_pixels)`` that the family's ``smart_resize`` keeps an image within (GLM counts
+        an image as two frames)."""
         size = self.image_processor.size
         get = size.get if isinstance(size, dict) else (lambda k: getattr(size, k))
         return int(get("shortest_edge")), int(get("longest_edge"))
@@ -88,7 +89,7 @@ class VLProcessor:
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
     ) -> str:
-        """The prompt text of a conversation, with one ``<|image_pad|>`` per image item; ``tools`` (OpenAI
+        """The prompt text of a conversation, with one image pad per image item; ``tools`` (OpenAI
         function specs) are rendered as the template renders them (the system message lists them)."""
         return self.tokenizer.apply_chat_template(
             messages,
@@ -105,15 +106,8 @@ class VLProcessor:
 
     def image_grid(self, image: Image.Image) -> tuple[int, int, int]:
         """The vision grid ``(1, h, w)`` ``preprocess_images`` gives ``image``, from its size alone (no pixels
-        are touched): ``smart_resize`` to multiples of ``patch * merge`` within the pixel bounds."""
-        min_pixels, max_pixels = self.pixel_bounds
-        height, width = smart_resize(
-            image.height,
-            image.width,
-            factor=self.patch_size * self.merge_size,
-            min_pixels=min_pixels,
-            max_pixels=max_pixels,
-        )
+        are touched): the family's ``smart_resize`` to multiples of ``patch * merge`` within the bounds."""
+        height, width = self.family.resize(self.image_processor, image.height, image.width)
         return 1, height // self.patch_size, width // self.patch_size
 
     def num_image_tokens(self, grid_thw: torch.Tensor | Sequence[int]) -> int:
@@ -122,15 +116,15 @@ class VLProcessor:
         return t * h * w // self.merge_size**2
 
     def expand_image_pads(self, text: str, grids: torch.Tensor) -> str:
-        """``text`` with its ``i``-th ``<|image_pad|>`` repeated ``num_image_tokens(grids[i])`` times."""
-        pieces = text.split(IMAGE_PAD)
+        """``text`` with its ``i``-th image pad repeated ``num_image_tokens(grids[i])`` times."""
+        pieces = text.split(self.image_pad)
         if len(pieces) - 1 != len(grids):
             raise ValueError(
                 f"the text has {len(pieces) - 1} image placeholders but {len(grids)} images were given"
             )
         out = [pieces[0]]
         for grid, piece in zip(grids, pieces[1:], strict=True):
-            out.append(IMAGE_PAD * self.num_image_tokens(grid))
+            out.append(self.image_pad * self.num_image_tokens(grid))
             out.append(piece)
         return "".join(out)
 
@@ -150,7 +144,7 @@ class VLProcessor:
             text = self.expand_image_pads(text, image_inputs.image_grid_thw)
             inputs["pixel_values"] = image_inputs.pixel_values
             inputs["image_grid_thw"] = image_inputs.image_grid_thw
-        elif IMAGE_PAD in text:
+        elif self.image_pad in text:
             raise ValueError("the text has image placeholders but no images were given")
         ids = torch.tensor([self.encode_text(text)], dtype=torch.long)  # (1, L)
         inputs["input_ids"] = ids
@@ -167,12 +161,13 @@ class VLProcessor:
         (directory / "chat_template.jinja").write_text(self.chat_template, encoding="utf-8")
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> VLProcessor:
-        """Load from a checkpoint directory (tokenizer, ``preprocessor_config.json``, chat template)."""
+    def from_pretrained(cls, directory: str | Path, family: Family) -> VLProcessor:
+        """The processor of a ``family`` checkpoint, from its directory (tokenizer, ``preprocessor_config.json``,
+        chat template)."""
         directory = Path(directory)
         tokenizer = AutoTokenizer.from_pretrained(directory)
-        image_processor = Qwen2VLImageProcessorPil.from_pretrained(directory)
+        image_processor = family.image_processor_class().from_pretrained(directory)
         template = read_chat_template(directory) or getattr(tokenizer, "chat_template", None)
         if not template:
             raise ValueError(f"{directory} has no chat template (chat_template.jinja, chat_template.json)")
-        return cls(tokenizer, image_processor, template)
+        return cls(tokenizer, image_processor, template, family)

@@ -1,4 +1,5 @@
-"""Names ``mmkv.load`` understands: aliases of released checkpoints, built-in tiny models, shipped small models.
+"""Names ``mmkv.load`` understands: aliases of released checkpoints and built-in tiny models (each family's,
+``mmkv.model.families``), shipped small models.
 
 Anything else is taken as a local directory or a Hugging Face hub id.
 """
@@ -8,6 +9,8 @@ from __future__ import annotations
 import difflib
 import re
 from pathlib import Path
+
+from .families import FAMILIES
 
 __all__ = [
     "ALIASES",
@@ -21,23 +24,10 @@ __all__ = [
     "unknown_name_message",
 ]
 
-# alias -> hub id of the released instruct checkpoint
-ALIASES: dict[str, str] = {
-    "qwen2-vl-2b": "Qwen/Qwen2-VL-2B-Instruct",
-    "qwen2-vl-7b": "Qwen/Qwen2-VL-7B-Instruct",
-    "qwen2.5-vl-3b": "Qwen/Qwen2.5-VL-3B-Instruct",
-    "qwen2.5-vl-7b": "Qwen/Qwen2.5-VL-7B-Instruct",
-    "qwen2.5-vl-32b": "Qwen/Qwen2.5-VL-32B-Instruct",
-    "qwen2.5-vl-72b": "Qwen/Qwen2.5-VL-72B-Instruct",
-    "qwen3-vl-2b": "Qwen/Qwen3-VL-2B-Instruct",
-    "qwen3-vl-4b": "Qwen/Qwen3-VL-4B-Instruct",
-    "qwen3-vl-8b": "Qwen/Qwen3-VL-8B-Instruct",
-    "qwen3-vl-32b": "Qwen/Qwen3-VL-32B-Instruct",
-    "qwen3-vl-30b-a3b": "Qwen/Qwen3-VL-30B-A3B-Instruct",
-}
-
-# tiny random-weight models built in memory -> family
-TINY: dict[str, str] = {"tiny-qwen2.5-vl": "qwen2_5_vl", "tiny-qwen3-vl": "qwen3_vl"}
+# alias -> hub id of a released checkpoint, and tiny random-weight model name -> family key: each family's own
+_FAMILY_LIST = list(dict.fromkeys(FAMILIES.values()))
+ALIASES: dict[str, str] = {alias: hub for f in _FAMILY_LIST for alias, hub in f.aliases.items()}
+TINY: dict[str, str] = {f.tiny_name: f.name for f in _FAMILY_LIST if f.tiny_name}
 
 # small trained checkpoints shipped in the repository (see evals/ and training/)
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "checkpoints"

@@ -1,6 +1,8 @@
 """Exact re-rotation of cached (post-RoPE) keys to new M-RoPE positions.
 
-RoPE rotates each channel pair ``(c, c + D/2)`` of a key at position ``p`` by the angle ``p * inv_freq[j]``.
+RoPE rotates each channel pair of a key at position ``p`` by the angle ``p * inv_freq[j]`` (the pair is
+``(j, j + R/2)`` or ``(2j, 2j + 1)`` by the layout's ``pairing``; channels past the first ``R`` carry no position
+and are returned as they are).
 Rotations compose, so a key cached at ``p`` is moved to ``p + delta`` by rotating it once more by
 ``delta * inv_freq[j]``; under M-RoPE, ``delta`` is the shift of the axis (t, h or w) that drives the channel
 (see ``layout.py``). Values carry no position and never change.
@@ -53,7 +55,8 @@ def rotation_tables(
     device: torch.device | str = "cpu",
     from_positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos, sin`` tables ``(L, D)`` (float32) that rotate ``length`` keys by ``delta``.
+    """``cos, sin`` tables ``(L, R/2)`` (float32), one column per frequency, that rotate ``length`` keys by
+    ``delta``.
 
     Channels driven by an axis not in ``axes`` get angle 0 (identity). With ``from_positions`` ``(3, L)``
     the angles reproduce the model's float32 rounding at both the old and the new position.
@@ -78,8 +81,8 @@ def rotation_tables(
         angle = new_angle.double() - old_angle.double()  # (L, D/2) float64, exact difference
     if not bool(keep.all()):
         angle = angle * keep[freq_axes]  # (L, D/2): channels of the other axes keep angle 0
-    cos, sin = angle.cos(), angle.sin()  # (L, D/2) each
-    return cos.repeat(1, 2).to(device, torch.float32), sin.repeat(1, 2).to(device, torch.float32)  # (L, D)
+    cos, sin = angle.cos(), angle.sin()  # (L, R/2) each
+    return cos.to(device, torch.float32), sin.to(device, torch.float32)
 
 
 def rerotate(
@@ -101,11 +104,20 @@ def rerotate(
     if keys.shape[-1] != layout.head_dim:
         raise ValueError(f"keys have head_dim {keys.shape[-1]}, the rotary layout has {layout.head_dim}")
     length = keys.shape[-2]
-    cos, sin = rotation_tables(delta, layout, length, axes, keys.device, from_positions)  # (L, D) each
-    half = layout.head_dim // 2
+    cos, sin = rotation_tables(delta, layout, length, axes, keys.device, from_positions)  # (L, R/2) each
+    rotary = layout.rotary_dim
     k = keys.float()  # (..., L, D); no copy when keys are already float32
-    out = k * cos  # (..., L, D): the only full-size temporary
-    # + rotate_half(k) * sin, in place: rotate_half(k) = cat(-k[..., D/2:], k[..., :D/2])
-    out[..., :half].addcmul_(k[..., half:], sin[:, :half], value=-1.0)
-    out[..., half:].addcmul_(k[..., :half], sin[:, half:])
+    if layout.pairing == "half":  # pair (j, j + R/2): rotate_half
+        first, second = k[..., : rotary // 2], k[..., rotary // 2 : rotary]  # (..., L, R/2) views
+    else:  # pair (2j, 2j + 1)
+        first, second = k[..., 0:rotary:2], k[..., 1:rotary:2]  # (..., L, R/2) strided views
+    new_first = first * cos  # (..., L, R/2)
+    new_first.addcmul_(second, sin, value=-1.0)  # first cos - second sin
+    new_second = second * cos
+    new_second.addcmul_(first, sin)  # second cos + first sin
+    out = k.clone() if k is keys else k  # (..., L, D): pass-through channels stay as they are
+    if layout.pairing == "half":
+        out[..., : rotary // 2], out[..., rotary // 2 : rotary] = new_first, new_second
+    else:
+        out[..., 0:rotary:2], out[..., 1:rotary:2] = new_first, new_second
     return out.to(keys.dtype)

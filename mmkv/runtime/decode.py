@@ -96,18 +96,15 @@ class DecodeStep:
 
 
 def vision_token_ids(handle: ModelHandle) -> list[int]:
-    """Ids an answer must never contain: an image pad or vision marker would have no image behind it."""
-    proc = handle.processor
-    ids = [proc.image_token_id, proc.vision_start_token_id, proc.vision_end_token_id]
-    video = handle.tokenizer.convert_tokens_to_ids("<|video_pad|>")
-    if isinstance(video, int) and video >= 0:
-        ids.append(video)
-    return ids
+    """Ids an answer must never contain: an image pad or vision marker would have no image behind it (the
+    family's vision tokens the tokenizer has)."""
+    vocab = handle.tokenizer.get_vocab()
+    return [vocab[t] for t in handle.family.tokens.all if t in vocab]
 
 
 def end_of_turn_id(handle: ModelHandle) -> int:
-    """The id that ends an answer (``<|im_end|>``)."""
-    return int(handle.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    """The id that ends an answer (the family's end of turn: ``<|im_end|>``, GLM's ``<|user|>``)."""
+    return handle.processor.end_of_turn_id
 
 
 class Decoder:

@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 import mmkv
 from mmkv.errors import GrammarError
-from mmkv.model.tiny import QWEN_SPECIAL_TOKENS
+from mmkv.model.families.qwen_vl import QWEN_SPECIAL_TOKENS
 from mmkv.runtime.grammar import (
     Vocabulary,
     compile_grammar,
@@ -241,7 +241,7 @@ def merging_vocab() -> Vocabulary:
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=330, special_tokens=QWEN_SPECIAL_TOKENS, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=330, special_tokens=list(QWEN_SPECIAL_TOKENS), show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
     tokenizer.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(

@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 
-from mmkv.model.tiny import QWEN_SPECIAL_TOKENS
+from mmkv.model.families.qwen_vl import QWEN_SPECIAL_TOKENS
 from mmkv.serve.drain import Drain
 from tests.serve.conftest import run_server, user
 

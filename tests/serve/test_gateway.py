@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from mmkv.envs import DesktopApp, image_data_url, keep_last_screenshots, tool_result_messages
-from mmkv.model.tiny import QWEN_SPECIAL_TOKENS
+from mmkv.model.families.qwen_vl import QWEN_SPECIAL_TOKENS
 from mmkv.serve.gateway import GatewayProcess, gateway_binary
 from mmkv.serve.process import running
 from tests.redis_server import RedisServer

@@ -14,8 +14,8 @@ import mmkv
 from evals.episodes import step_inputs
 from evals.tasks import make_samples, sample_session
 from mmkv.envs import expert_episode, hermes_text
+from mmkv.model.families.qwen_template import TOOLS_INSTRUCTION
 from mmkv.model.registry import SHIPPED, SHIPPED_DIR
-from mmkv.model.templates import TOOLS_INSTRUCTION
 from training.data import collate, encode_episode_step, encode_sample, supervised_calls
 from training.model import IMAGE_BOUNDS, load_for_training
 from training.train_small import train

@@ -41,7 +41,7 @@ class Vocabulary:
 
     engine: llguidance.LLTokenizer  # the engine's token table: ids below engine.vocab_size
     vocab_size: int  # the model's vocabulary (embedding rows): every mask has this length
-    end_id: int  # <|im_end|>: allowed exactly when the answer is complete
+    end_id: int  # the end of turn (<|im_end|>): allowed exactly when the answer is complete
     possible: torch.Tensor  # (vocab_size,) bool: False for ids never allowed (vision, past the tokenizer)
     tag_rules: str  # Lark rules tool_call_open / tool_call_close: the tag's token id if it is an added token
     # id -> bytes of every ordinary token holding a '"' (json_keys.KeyGuard's candidates)
@@ -53,16 +53,23 @@ class Vocabulary:
 
 
 @functools.lru_cache(maxsize=8)
-def vocabulary(tokenizer: Any, vocab_size: int | None = None) -> Vocabulary:
-    """The engine's view of a fast Hugging Face tokenizer (cached per tokenizer object and size; building one
-    walks the whole vocabulary). ``vocab_size``: the model's, when its embedding has more rows than the
-    tokenizer has tokens (default: the tokenizer's). Raises ``ValueError`` without ``<|im_end|>``."""
+def vocabulary(
+    tokenizer: Any,
+    vocab_size: int | None = None,
+    end_of_turn: str = END_OF_TURN,
+    never: tuple[str, ...] = VISION_TOKENS,
+) -> Vocabulary:
+    """The engine's view of a fast Hugging Face tokenizer (cached per tokenizer object, size and tokens;
+    building one walks the whole vocabulary). ``vocab_size``: the model's, when its embedding has more rows
+    than the tokenizer has tokens (default: the tokenizer's). ``end_of_turn`` ends an answer and ``never`` are
+    never allowed (defaults: the Qwen tokens; ``vocabulary_of`` passes the model family's). Raises
+    ``ValueError`` when the tokenizer has no ``end_of_turn``."""
     added = tokenizer.get_added_vocab()  # token text -> id of every added (special or not) token
-    if END_OF_TURN not in added:
+    if end_of_turn not in added:
         raise ValueError(
-            f"the tokenizer has no {END_OF_TURN} token: constrained decoding needs the Qwen chat tokens"
+            f"the tokenizer has no {end_of_turn} token: constrained decoding needs the chat tokens"
         )
-    engine = llguidance.hf.from_tokenizer(tokenizer, eos_token=added[END_OF_TURN])
+    engine = llguidance.hf.from_tokenizer(tokenizer, eos_token=added[end_of_turn])
     vocab_size = engine.vocab_size if vocab_size is None else int(vocab_size)
     if vocab_size < engine.vocab_size:
         raise ValueError(
@@ -70,7 +77,7 @@ def vocabulary(tokenizer: Any, vocab_size: int | None = None) -> Vocabulary:
         )
     possible = torch.zeros(vocab_size, dtype=torch.bool)  # (vocab_size,)
     possible[: engine.vocab_size] = True
-    for name in VISION_TOKENS:
+    for name in never:
         if name in added:
             possible[added[name]] = False
     # llguidance reads every added token as a special one, and its canonical tokenization of a forced "<tool_call>"
@@ -85,12 +92,16 @@ def vocabulary(tokenizer: Any, vocab_size: int | None = None) -> Vocabulary:
         data = engine.decode_bytes([token])
         if b'"' in data and not engine.is_special_token(token):
             quotes[token] = data
-    return Vocabulary(engine, vocab_size, added[END_OF_TURN], possible, tag_rules, quotes)
+    return Vocabulary(engine, vocab_size, added[end_of_turn], possible, tag_rules, quotes)
 
 
 def vocabulary_of(handle: ModelHandle) -> Vocabulary:
-    """``vocabulary`` of a loaded model: its tokenizer, its embedding's vocabulary size."""
-    return vocabulary(handle.tokenizer, int(handle.text_config.vocab_size))
+    """``vocabulary`` of a loaded model: its tokenizer, its embedding's vocabulary size, its family's end of
+    turn and vision tokens."""
+    family = handle.family
+    return vocabulary(
+        handle.tokenizer, int(handle.text_config.vocab_size), family.end_of_turn, family.tokens.all
+    )
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,4 +1,4 @@
-"""Chat templates for the checkpoints mmkv builds itself (tiny random models, small trained models).
+"""The Qwen-VL chat template for the checkpoints mmkv builds itself (tiny random models, small trained models).
 
 Real checkpoints bring their own template (``chat_template.jinja`` / ``chat_template.json``) and mmkv uses it
 unchanged. These two follow the released families' conventions for images *and* tools, with the same tags:
