@@ -96,6 +96,11 @@ class Conversation:
         """The tools the prompt declares (OpenAI function specs; a fresh copy), or None."""
         return json.loads(self.tools_json) if self.tools_json else None
 
+    @property
+    def uses_tools(self) -> bool:
+        """Whether the prompt declares tools or holds a tool call or a tool result."""
+        return bool(self.tools_json) or any(m.role == "tool" or m.tool_calls for m in self.messages)
+
     def field_item(self, name: str) -> tuple[int, int, TextItem]:
         """``(message index, item index, item)`` of the text item holding field ``name``; ``KeyError`` naming the
         known fields when there is none."""

@@ -33,7 +33,7 @@ class ModelNotFoundError(MmkvError, FileNotFoundError):
 
 
 class UnsupportedModelError(MmkvError, ValueError):
-    """A checkpoint loaded, but its architecture is not one mmkv knows how to cache (Qwen2/2.5/3-VL)."""
+    """A checkpoint loaded, but its architecture is not one mmkv knows how to cache (no family in ``mmkv.model.families`` serves its ``model_type``)."""
 
 
 class ImageError(MmkvError, ValueError):

@@ -104,12 +104,14 @@ def test_a_session_on_incremental_layouts_gives_the_logits_of_full_rerenders(tin
 
 
 def _with_template(handle, template: str):
-    """``handle`` with another chat template (same tokenizer and model)."""
+    """``handle`` with another chat template (same tokenizer and model), written with Qwen's image markup and
+    given the family's."""
     from dataclasses import replace
 
     from mmkv.model.processor import VLProcessor
 
-    proc = handle.processor
+    proc, tokens = handle.processor, handle.family.tokens
+    template = template.replace("<|vision_start|><|image_pad|><|vision_end|>", tokens.start + tokens.pad + tokens.end)
     return replace(handle, processor=VLProcessor(proc.tokenizer, proc.image_processor, template, proc.family))
 
 

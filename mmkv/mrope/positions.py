@@ -1,4 +1,4 @@
-"""The M-RoPE position rule of Qwen2-VL, Qwen2.5-VL and Qwen3-VL for text and still images.
+"""The M-RoPE position rule of Qwen2-VL, Qwen2.5-VL, Qwen3-VL and GLM-4.xV for text and still images.
 
 Every token carries three position ids ``(t, h, w)``. A text token at position ``p`` gets ``(p, p, p)`` and
 advances ``p`` by one. An image whose language-model grid is ``h' x w'`` (the vision grid divided by the spatial

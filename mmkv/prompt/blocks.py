@@ -41,6 +41,7 @@ from .layout import (
     PromptLayout,
     PromptPiece,
     SegmentAnchor,
+    check_tool_support,
     full_layout,
 )
 from .message import Block, NotIncremental, generation_block, message_block
@@ -103,7 +104,9 @@ class LayoutBuilder:
         history_start: int = 0,
     ) -> PromptLayout:
         """The layout of ``conversation`` this turn (see ``lay_out``), equal to rendering it whole, built from
-        what is new. Changes nothing but this builder's caches."""
+        what is new. Changes nothing but this builder's caches. Raises ``UnsupportedInputError`` for tools the
+        family cannot take."""
+        check_tool_support(self.handle, conversation)
         if self.incremental:
             try:
                 with self._lock:

@@ -24,6 +24,7 @@ from typing import Literal
 import torch
 
 from ..conversation import Conversation, ImageItem, Message, TextItem, grids_tensor
+from ..errors import UnsupportedInputError
 from ..kv.segment import KVSegment
 from ..kv.spans import image_span, text_span
 from ..model.handle import ModelHandle
@@ -174,6 +175,16 @@ class PromptLayout:
         return self.image_order[piece.image_index]
 
 
+def check_tool_support(handle: ModelHandle, conversation: Conversation) -> None:
+    """Raise ``UnsupportedInputError`` when ``conversation`` declares tools or holds tool calls or results and
+    the model's family has no tool-call format mmkv reads (``Family.tool_format``); changes nothing."""
+    if handle.family.tool_format is None and conversation.uses_tools:
+        raise UnsupportedInputError(
+            f"{handle.family.label} checkpoints: mmkv does not read this family's tool-call format yet, so it "
+            f"cannot take tools, tool calls or tool messages; send the conversation without them"
+        )
+
+
 def full_layout(
     handle: ModelHandle,
     conversation: Conversation,
@@ -185,7 +196,9 @@ def full_layout(
     history_start: int = 0,
 ) -> PromptLayout:
     """``lay_out`` by rendering the whole conversation at once (the reference, and the path for chat templates
-    that do not render message by message). Changes nothing."""
+    that do not render message by message). Changes nothing. Raises ``UnsupportedInputError`` for tools the
+    family cannot take (``check_tool_support``)."""
+    check_tool_support(handle, conversation)
     visible = set(conversation.visible_images(window))
     messages = [m.showing(visible) for m in conversation.prompt_messages(history_start)]
     if question is not None:

@@ -102,9 +102,14 @@ class Worker:
         self.metrics.queue_depth.set(self.num_waiting)
 
     def close(self) -> None:
+        """Stop the model thread after the step it is in (its bookkeeping done) and wait for it; requests
+        still queued or running get no further events. Idempotent; from the model thread itself it only
+        asks the loop to stop."""
         with self._wake:
             self._closed = True
             self._wake.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
 
     def _sources(self, reuse: ReusePolicy) -> TurnSources:
         return TurnSources(self.handle, self.kv_store, self.encoder_store, reuse, self.pixels)

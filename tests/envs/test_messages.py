@@ -95,8 +95,8 @@ def test_data_urls_round_trip_exactly(episode):
         agent_messages("s", "t", episode.first_image, [], screenshot_in="elsewhere")
 
 
-def test_url_and_pil_parts_render_the_same_prompt(episode, tiny):
-    processor = tiny.processor
+def test_url_and_pil_parts_render_the_same_prompt(episode, tool_tiny):
+    processor = tool_tiny.processor
     texts = [
         processor.apply_chat_template(episode.messages(4, as_url=u), True, tools=episode.tools)
         for u in (True, False)
@@ -105,11 +105,11 @@ def test_url_and_pil_parts_render_the_same_prompt(episode, tiny):
 
 
 @pytest.mark.parametrize("screenshot_in", ["tool", "user"])
-def test_a_resent_history_re_renders_the_same_text(episode, tiny, screenshot_in):
+def test_a_resent_history_re_renders_the_same_text(episode, tool_tiny, screenshot_in):
     """Without a window, the prompt before call k, then the call as the model emits it (hermes text and
     <|im_end|>), is exactly the start of the prompt before call k + 1: the template renders an assistant tool
     call as hermes_text, and arguments re-serialise identically."""
-    processor, tools = tiny.processor, episode.tools
+    processor, tools = tool_tiny.processor, episode.tools
     for k in range(len(episode.steps) - 1):
         before = processor.apply_chat_template(
             episode.messages(k, screenshot_in=screenshot_in, window=None), True, tools=tools

@@ -2,33 +2,30 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
-from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VLRotaryEmbedding
-from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb as apply_rope
-from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
 
-from mmkv.mrope import rerotate, rotary_layout_from_config
-from tests.mrope.test_layout import _real_configs
-
-ROTARIES = {"sectioned": Qwen2_5_VLRotaryEmbedding, "interleaved": Qwen3VLTextRotaryEmbedding}
+from mmkv.mrope import rerotate
+from tests.conftest import family_rotary, real_size_rotaries
 
 
 def _model_rope(rotary, raw_keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Keys ``(layers, 1, H, L, D)`` rotated by the model's own code at ``positions`` ``(3, L)``."""
-    cos, sin = rotary(raw_keys, positions[:, None, :])  # (1, L, D) each
+    """Keys ``(layers, 1, H, L, D)`` rotated by the model's own code at ``positions`` ``(3, L)``: its rotary
+    embedding and the ``apply_rotary_pos_emb`` of its modeling module (partial rotary included)."""
+    apply_rope = sys.modules[type(rotary).__module__].apply_rotary_pos_emb
+    cos, sin = rotary(raw_keys, positions[:, None, :])  # (1, L, R) each
     _, k = apply_rope(raw_keys, raw_keys, cos, sin)  # unsqueeze_dim=1 broadcasts over heads
     return k
 
 
 @pytest.fixture(params=["tiny", "real"])
 def rotary_and_layout(request, tiny):
-    """The tiny model's rotary embedding, or a real-size one of the same layout."""
+    """The tiny model's rotary embedding, or a real-size one of its family (its reference config)."""
     if request.param == "tiny":
-        return tiny.model.model.language_model.rotary_emb, tiny.rotary
-    kind = tiny.rotary.kind
-    _, config, rotary_class = next(c for c in _real_configs() if c[0] == kind)
-    return rotary_class(config), rotary_layout_from_config(config, kind)
+        return family_rotary(tiny)
+    return real_size_rotaries(tiny)[0][1:]
 
 
 def _check_against_model(rotary, layout, seed: int, max_position: int, model_exact: bool = True) -> float:

@@ -182,7 +182,8 @@ def test_vision_tokens_are_banned_and_the_budget_respects_the_positions_left(tin
     decoder = Decoder(tiny, live, live.logits_for(0), DecodeOptions(5))
     assert all(step.token not in banned for step in decoder)
     monkeypatch.setattr(type(tiny), "max_positions", property(lambda self: 10))  # the fake is at position 10
-    short = _scripted(tiny, [7] * 5, DecodeOptions(5))
+    ordinary = len(tiny.family.special_tokens) + 7  # the tiny tokenizers put the special tokens first
+    short = _scripted(tiny, [ordinary] * 5, DecodeOptions(5))
     assert short.budget == 1 and len(list(short)) == 1 and short.finish_reason == "length"
     assert short.live.calls == 0
 

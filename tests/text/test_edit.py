@@ -94,7 +94,7 @@ def test_erratum_keeps_every_prefix_tensor_and_only_appends(tiny):
     assert torch.equal(after.token_ids[:n], before.token_ids)
     assert report.recomputed == after.length - n > 0  # the erratum message, nothing else
     text = tiny.tokenizer.decode(after.token_ids[n:])
-    assert "[STATE UPDATE] role has just changed to viewer" in text and text.startswith("<|im_start|>system")
+    assert "[STATE UPDATE] role has just changed to viewer" in text and text.startswith(("<|im_start|>system", "<|system|>"))
     assert "account_role: admin" in tiny.tokenizer.decode(after.token_ids[:n])  # the old text stays
     assert session.field_values["role"] == "viewer"
     # the erratum is part of the conversation: a fresh session renders the same prompt

@@ -185,6 +185,29 @@ def _glm_4_1v_9b():
     return config, _image_processor(12_544, 47_040_000)
 
 
+def _glm_4_5v():
+    """GLM-4.5V's published dimensions (106B total, 12B active; the hub's config.json, not checked against the
+    file here) and the image bounds of its processor."""
+    from transformers import Glm4vMoeConfig
+
+    config, image_processor = _glm_4_1v_9b()
+    text = {
+        "vocab_size": 151552, "hidden_size": 4096, "intermediate_size": 10944, "num_hidden_layers": 46,
+        "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 65536,
+        "moe_intermediate_size": 1408, "n_routed_experts": 128, "num_experts_per_tok": 8, "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "rope_parameters": {
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12], "partial_rotary_factor": 0.5,
+        },
+    }  # fmt: skip
+    moe = Glm4vMoeConfig(
+        text_config=text, vision_config=config.vision_config.to_dict(),
+        image_token_id=151363, video_token_id=151364, image_start_token_id=151339, image_end_token_id=151340,
+        video_start_token_id=151341, video_end_token_id=151342,
+    )  # fmt: skip
+    return moe, image_processor
+
+
 GLM4V = Family(
     name="glm4v",
     label="GLM-4.1V",
@@ -217,5 +240,5 @@ GLM4V_MOE = dataclasses.replace(
     aliases={"glm-4.5v": "zai-org/GLM-4.5V"},
     tiny_name="tiny-glm-4.5v",
     build_tiny=_tiny_glm4v_moe,
-    references={},
+    references={"glm-4.5v": _glm_4_5v},
 )
