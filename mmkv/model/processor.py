@@ -19,6 +19,7 @@ from PIL import Image
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from .families import Family
+from .families.base import size_bounds
 
 __all__ = ["ImageInputs", "VLProcessor", "read_chat_template"]
 
@@ -82,9 +83,7 @@ class VLProcessor:
     def pixel_bounds(self) -> tuple[int, int]:
         """``(min_pixels, max_pixels)`` that the family's ``smart_resize`` keeps an image within (GLM counts
         an image as two frames)."""
-        size = self.image_processor.size
-        get = size.get if isinstance(size, dict) else (lambda k: getattr(size, k))
-        return int(get("shortest_edge")), int(get("longest_edge"))
+        return size_bounds(self.image_processor)
 
     def apply_chat_template(
         self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None

@@ -27,9 +27,17 @@ if TYPE_CHECKING:
 
     from ...mrope import LayoutKind, Pairing, PositionRule, RotaryLayout
 
-__all__ = ["Family", "ToolFormat", "VisionTokens"]
+__all__ = ["Family", "ToolFormat", "VisionTokens", "size_bounds"]
 
 ToolFormat = Literal["hermes"]  # tool-call formats mmkv parses and constrains (``mmkv.toolcalls``)
+
+
+def size_bounds(image_processor) -> tuple[int, int]:
+    """``(shortest_edge, longest_edge)`` of an image processor's ``size`` (a dict or a ``SizeDict``): the pixel
+    bounds its ``smart_resize`` keeps an image within."""
+    size = image_processor.size
+    get = size.get if isinstance(size, dict) else (lambda k: getattr(size, k))
+    return int(get("shortest_edge")), int(get("longest_edge"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .base import Family, VisionTokens
+from .base import Family, VisionTokens, size_bounds
 
 __all__ = ["GLM4V", "GLM4V_MOE", "GLM_SPECIAL_TOKENS"]
 
@@ -68,13 +68,12 @@ def _resize(image_processor, height: int, width: int) -> tuple[int, int]:
     """GLM's ``smart_resize``: an image as ``temporal_patch`` frames, bounds on frames x pixels."""
     from transformers.models.glm4v.image_processing_pil_glm4v import smart_resize
 
-    size = image_processor.size
-    get = size.get if isinstance(size, dict) else (lambda k: getattr(size, k))
+    min_pixels, max_pixels = size_bounds(image_processor)
     temporal = image_processor.temporal_patch_size
     factor = image_processor.patch_size * image_processor.merge_size
     return smart_resize(
         temporal, height, width, temporal_factor=temporal, factor=factor,
-        min_pixels=get("shortest_edge"), max_pixels=get("longest_edge"),
+        min_pixels=min_pixels, max_pixels=max_pixels,
     )  # fmt: skip
 
 

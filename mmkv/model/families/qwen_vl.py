@@ -11,7 +11,7 @@ dimensions (``mmkv.model.reference``).
 
 from __future__ import annotations
 
-from .base import Family, VisionTokens
+from .base import Family, VisionTokens, size_bounds
 from .qwen_template import QWEN2_VL_TEMPLATE, QWEN3_VL_TEMPLATE
 
 __all__ = ["QWEN2_5_VL", "QWEN2_VL", "QWEN3_VL", "QWEN_SPECIAL_TOKENS"]
@@ -46,12 +46,9 @@ def _resize(image_processor, height: int, width: int) -> tuple[int, int]:
     """Qwen's ``smart_resize``: multiples of ``patch * merge`` within the processor's pixel bounds."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
-    size = image_processor.size
-    get = size.get if isinstance(size, dict) else (lambda k: getattr(size, k))
+    min_pixels, max_pixels = size_bounds(image_processor)
     factor = image_processor.patch_size * image_processor.merge_size
-    return smart_resize(
-        height, width, factor, min_pixels=get("shortest_edge"), max_pixels=get("longest_edge")
-    )
+    return smart_resize(height, width, factor, min_pixels=min_pixels, max_pixels=max_pixels)
 
 
 def _special_ids(tokenizer) -> dict[str, int]:
@@ -175,23 +172,19 @@ _SHARED = dict(
     config_token_ids=_special_ids,
     tool_format="hermes",
 )
+_SECTIONED = dict(rotary_kind="sectioned", default_section=(16, 24, 24), chat_template=QWEN2_VL_TEMPLATE)
 QWEN2_VL = Family(
     name="qwen2_vl",
     label="Qwen2-VL",
     model_classes={"qwen2_vl": "Qwen2VLForConditionalGeneration"},
-    rotary_kind="sectioned",
-    default_section=(16, 24, 24),
-    chat_template=QWEN2_VL_TEMPLATE,
     aliases={"qwen2-vl-2b": "Qwen/Qwen2-VL-2B-Instruct", "qwen2-vl-7b": "Qwen/Qwen2-VL-7B-Instruct"},
+    **_SECTIONED,
     **_SHARED,
 )
 QWEN2_5_VL = Family(
     name="qwen2_5_vl",
     label="Qwen2.5-VL",
     model_classes={"qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"},
-    rotary_kind="sectioned",
-    default_section=(16, 24, 24),
-    chat_template=QWEN2_VL_TEMPLATE,
     aliases={
         "qwen2.5-vl-3b": "Qwen/Qwen2.5-VL-3B-Instruct",
         "qwen2.5-vl-7b": "Qwen/Qwen2.5-VL-7B-Instruct",
@@ -201,6 +194,7 @@ QWEN2_5_VL = Family(
     tiny_name="tiny-qwen2.5-vl",
     build_tiny=_tiny_qwen2_5_vl,
     references={"qwen2.5-vl-7b": _qwen2_5_vl_7b},
+    **_SECTIONED,
     **_SHARED,
 )
 QWEN3_VL = Family(

@@ -71,8 +71,10 @@ def test_tools_are_refused_clearly_and_change_nothing(glm):
         session = mmkv.Session(glm, tools=tools)
         session.add_text("Start.")
         add(session)
+        before = session.messages
         with pytest.raises(mmkv.UnsupportedInputError, match=f"{glm.family.label}.*tool-call format"):
             session.ask("Next?", max_new_tokens=2)
+        assert session.messages == before  # the refused question was not appended
     session = mmkv.Session(glm)
     session.add_image(random_image(1, (4, 6), glm.processor.patch_size))
     assert session.ask("Next?", max_new_tokens=2).finish_reason in ("stop", "length")
