@@ -45,8 +45,9 @@ def train_tokenizer(
 ) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on ``corpus``, ``special_tokens`` first (ids 0..n-1).
 
-    Deterministic for a given corpus and size. ``eos_token`` ends an answer and the first special token pads
-    (for Qwen ``<|im_end|>`` and ``<|endoftext|>``, as in the released Qwen-VL tokenizers).
+    Deterministic for a given corpus and size. ``eos_token`` (one of ``special_tokens``: another would be added
+    to the vocabulary) ends an answer and the first special token pads (for Qwen ``<|im_end|>`` and
+    ``<|endoftext|>``, as in the released Qwen-VL tokenizers).
     """
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -57,6 +58,8 @@ def train_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
+    if eos_token not in special_tokens:
+        raise ValueError(f"eos_token {eos_token!r} is not one of the special tokens")
     tok.train_from_iterator(corpus, trainer)
     return _wrap(tok, special_tokens, eos_token)
 
@@ -71,16 +74,16 @@ def _wrap(tok: Tokenizer, special_tokens: Sequence[str], eos_token: str) -> PreT
 
 
 @functools.cache
-def _tiny_tokenizer_json(special_tokens: tuple[str, ...]) -> str:
+def _tiny_tokenizer_json(special_tokens: tuple[str, ...], eos_token: str) -> str:
     """The tiny tokenizer of a family's special tokens, serialised once per process (training takes ms)."""
     corpus = _TINY_CORPUS.splitlines()
-    return train_tokenizer(corpus, 400, special_tokens).backend_tokenizer.to_str()
+    return train_tokenizer(corpus, 400, special_tokens, eos_token).backend_tokenizer.to_str()
 
 
 def tiny_tokenizer(family_name: str) -> PreTrainedTokenizerFast:
     """The tiny tokenizer of family ``family_name``: its special tokens first, answers ending at its end of turn."""
     family = family_named(family_name)
-    tok = Tokenizer.from_str(_tiny_tokenizer_json(family.special_tokens))
+    tok = Tokenizer.from_str(_tiny_tokenizer_json(family.special_tokens, family.end_of_turn))
     return _wrap(tok, family.special_tokens, family.end_of_turn)
 
 

@@ -123,3 +123,12 @@ def test_other_architecture_is_rejected(tmp_path):
     ).save_pretrained(tmp_path)
     with pytest.raises(mmkv.UnsupportedModelError, match="'llama'"):
         mmkv.load(tmp_path)
+
+
+def test_a_tiny_tokenizer_holds_exactly_its_familys_special_tokens(tiny):
+    """The added tokens are the family's, first and in order, and no other family's control token slipped in
+    (a GLM tokenizer with Qwen's <|im_end|> would take that text as a control token)."""
+    specials = list(tiny.family.special_tokens)
+    added = tiny.tokenizer.get_added_vocab()
+    assert sorted(added, key=added.get) == specials and [added[t] for t in specials] == list(range(len(specials)))
+    assert tiny.tokenizer.eos_token == tiny.family.end_of_turn
