@@ -130,5 +130,7 @@ def test_a_tiny_tokenizer_holds_exactly_its_familys_special_tokens(tiny):
     (a GLM tokenizer with Qwen's <|im_end|> would take that text as a control token)."""
     specials = list(tiny.family.special_tokens)
     added = tiny.tokenizer.get_added_vocab()
-    assert sorted(added, key=added.get) == specials and [added[t] for t in specials] == list(range(len(specials)))
+    assert sorted(added, key=added.get) == specials and [added[t] for t in specials] == list(
+        range(len(specials))
+    )
     assert tiny.tokenizer.eos_token == tiny.family.end_of_turn
