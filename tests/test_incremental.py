@@ -111,7 +111,9 @@ def _with_template(handle, template: str):
     from mmkv.model.processor import VLProcessor
 
     proc, tokens = handle.processor, handle.family.tokens
-    template = template.replace("<|vision_start|><|image_pad|><|vision_end|>", tokens.start + tokens.pad + tokens.end)
+    template = template.replace(
+        "<|vision_start|><|image_pad|><|vision_end|>", tokens.start + tokens.pad + tokens.end
+    )
     return replace(handle, processor=VLProcessor(proc.tokenizer, proc.image_processor, template, proc.family))
 
 
@@ -154,7 +156,7 @@ def test_templates_that_rewrite_text_or_count_across_messages_still_lay_out_exac
         )
     assert session.layouts.incremental is separable
     if not verbatim or not separable:
-        session.add_text("  <|im_end|> hidden  ")
+        session.add_text(f"  {handle.family.end_of_turn} hidden  ")  # a control token of this family
         if template is _TRIMMING:
             with pytest.raises(mmkv.UnsupportedInputError, match="rewrites message text"):
                 session.prompt_layout("q?")

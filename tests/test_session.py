@@ -108,9 +108,14 @@ def test_kv_after_the_same_preamble_equals_full_recompute(tiny):
     assert answer.images[0].source in ("memory", "live")
 
 
-def test_moved_image_rerotated_is_closer_than_unrotated(tiny):
+@pytest.mark.parametrize("name", ["tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_moved_image_rerotated_is_closer_than_unrotated(tiny_by_name, name):
     """Cached after a short preamble, reused 60+ positions later after other text: the re-rotated splice is
-    closer to full recompute (logit cosine) than the un-rotated one."""
+    closer to full recompute (logit cosine) than the un-rotated one. Not on the tiny GLM models: there both
+    stay within 3e-4 of full recompute and of each other at 60-240 positions (0.99836 rotated vs 0.99846 not at
+    60), too little position dependence in a random model to show it; their rotation is exact against the
+    model's own (tests/mrope)."""
+    tiny = tiny_by_name[name]
     store, (image, _, _) = KVStore(), _images(tiny)
     warm = mmkv.Session(tiny, store=store)
     warm.add_image(image)
