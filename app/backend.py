@@ -34,12 +34,11 @@ from mmkv.cache import EncoderStore, KVStore
 from mmkv.images import DEFAULT_MAX_PIXELS, ImageSource, load_image
 from mmkv.messages import ToolCall
 from mmkv.model.registry import SHIPPED_DIR
-from mmkv.session import ReusePolicy
+from mmkv.policy import REUSE_POLICIES, ReusePolicy
 from mmkv.synthetic import synthetic_screenshot
 
 __all__ = [
     "COLD_LABEL",
-    "POLICIES",
     "ChatState",
     "DemoBackend",
     "EmptyMessageError",
@@ -50,7 +49,6 @@ __all__ = [
     "load_upload",
 ]
 
-POLICIES: tuple[ReusePolicy, ...] = ("kv", "encoder", "none")
 COLD_LABEL = "none (cold recompute)"  # the plot's line for the "without reuse" measurements
 
 
@@ -78,8 +76,8 @@ class TurnSettings:
     )
 
     def __post_init__(self) -> None:
-        if self.reuse not in POLICIES:
-            raise ValueError(f"reuse must be one of {POLICIES}, got {self.reuse!r}")
+        if self.reuse not in REUSE_POLICIES:
+            raise ValueError(f"reuse must be one of {REUSE_POLICIES}, got {self.reuse!r}")
         if self.seam < 0 or self.window < 0 or self.max_new_tokens < 1:
             raise ValueError(f"need seam >= 0, window >= 0, max_new_tokens >= 1; got {self}")
 

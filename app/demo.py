@@ -47,7 +47,7 @@ from matplotlib.figure import Figure
 if __package__ in (None, ""):  # run as a script (python app/demo.py): make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from app.backend import POLICIES, ChatState, DemoBackend, EmptyMessageError, TurnSettings, default_model  # noqa: E402
+from app.backend import ChatState, DemoBackend, EmptyMessageError, TurnSettings, default_model  # noqa: E402
 from app.episode import EpisodeRun, EpisodeSettings  # noqa: E402
 from app.format import (  # noqa: E402
     display_text,
@@ -69,6 +69,7 @@ from app.trajectory import (  # noqa: E402
     write_example_images,
 )
 from mmkv import MmkvError  # noqa: E402
+from mmkv.policy import REUSE_POLICIES  # noqa: E402
 
 MAX_NEW_TOKENS = 32  # answer length bound (--max-new-tokens)
 
@@ -248,7 +249,7 @@ def build_demo(backend: DemoBackend | None = None) -> gr.Blocks:
                                          elem_id="episode-seed")  # fmt: skip
                         episode_window = gr.Slider(1, 6, value=3, step=1, label="Screenshots kept in the prompt",
                                                    info="applies from the next New episode")  # fmt: skip
-                        episode_reuse = gr.Radio(list(POLICIES), value="kv", label="Reuse policy",
+                        episode_reuse = gr.Radio(list(REUSE_POLICIES), value="kv", label="Reuse policy",
                                                  info="a change applies from the next step", elem_id="episode-reuse")  # fmt: skip
                         with gr.Row():
                             new_button = gr.Button("New episode", elem_id="episode-new")
@@ -287,7 +288,7 @@ def build_demo(backend: DemoBackend | None = None) -> gr.Blocks:
                         )  # fmt: skip
                     with gr.Column(scale=2):
                         reuse = gr.Radio(
-                            list(POLICIES), value="kv", label="Reuse policy",
+                            list(REUSE_POLICIES), value="kv", label="Reuse policy",
                             info="kv: splice cached KV · encoder: reuse vision outputs · none: recompute images",
                         )  # fmt: skip
                         seam = gr.Slider(0, 16, value=1, step=1, label="Seam tokens",

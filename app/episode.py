@@ -29,10 +29,10 @@ from PIL import Image
 
 from mmkv import Answer, PrefillStats, Session
 from mmkv.envs import DesktopApp, FunctionCall
+from mmkv.policy import REUSE_POLICIES, ReusePolicy
 from mmkv.runtime.grammar import tool_calls
-from mmkv.session import ReusePolicy
 
-from .backend import POLICIES, DemoBackend, NoReuseTwin
+from .backend import DemoBackend, NoReuseTwin
 
 __all__ = ["AgentStep", "EpisodeRun", "EpisodeSettings"]
 
@@ -54,8 +54,8 @@ class EpisodeSettings:
             raise ValueError(f"split must be 'heldout' or 'train', got {self.split!r}")
         if self.window < 1:
             raise ValueError(f"window must be >= 1, got {self.window}")
-        if self.reuse not in POLICIES:
-            raise ValueError(f"reuse must be one of {POLICIES}, got {self.reuse!r}")
+        if self.reuse not in REUSE_POLICIES:
+            raise ValueError(f"reuse must be one of {REUSE_POLICIES}, got {self.reuse!r}")
 
 
 @dataclass(frozen=True)
@@ -155,9 +155,9 @@ class EpisodeRun:
     def request_reuse(self, reuse: ReusePolicy) -> None:
         """Answer from the next step on with ``reuse`` (before a reset: the policy the next reset uses). Nothing
         is computed now; asking for the policy in force cancels a pending change. Raises ``ValueError`` for a
-        policy not in ``POLICIES``."""
-        if reuse not in POLICIES:
-            raise ValueError(f"reuse must be one of {POLICIES}, got {reuse!r}")
+        policy not in ``REUSE_POLICIES``."""
+        if reuse not in REUSE_POLICIES:
+            raise ValueError(f"reuse must be one of {REUSE_POLICIES}, got {reuse!r}")
         if not self.started:
             self.settings = replace(self.settings, reuse=reuse)
         self.pending_reuse = None if reuse == self.settings.reuse else reuse

@@ -16,8 +16,9 @@ from matplotlib.ticker import MaxNLocator
 from mmkv import ImageReuse
 from mmkv.cache import TierStats
 from mmkv.envs import POLICY as POLICY_TEMPLATE
+from mmkv.policy import REUSE_POLICIES
 
-from .backend import COLD_LABEL, POLICIES, DemoBackend, TurnRecord
+from .backend import COLD_LABEL, DemoBackend, TurnRecord
 from .episode import AgentStep, EpisodeRun
 
 __all__ = [
@@ -263,7 +264,7 @@ def ttft_figure(turns: Sequence[TurnRecord]) -> Figure:
     recompute where it was measured (``COLD_LABEL``). A figure without lines when there are no turns."""
     figure = Figure(figsize=(6.0, 3.4), layout="constrained")
     axes = figure.add_subplot()
-    for policy in POLICIES:
+    for policy in REUSE_POLICIES:
         points = [(record.number, record.ttft_ms) for record in turns if record.reuse == policy]
         if points:
             axes.plot([n for n, _ in points], [ms for _, ms in points], marker="o", label=f"reuse {policy}")

@@ -75,7 +75,7 @@ def _requests(handle, size: int, context: int, tokens: int, salt: int) -> list[R
 
 def engine_arm(handle, size: int, max_batch: int, context: int, tokens: int, salt: int) -> dict:
     """Tokens/s of the decode phase and the host work per decode step (step minus forward)."""
-    sources = lambda reuse: TurnSources(handle, KVStore(), EncoderStore(), reuse)  # noqa: E731
+    sources = lambda policy: TurnSources(handle, KVStore(), EncoderStore(), policy)  # noqa: E731
     core = EngineCore(handle, EngineConfig(max_batch, prefill_chunk=None, max_waiting=size), sources)
     requests = _requests(handle, size, context, tokens, salt)
     for request in requests:

@@ -36,7 +36,11 @@ if TYPE_CHECKING:  # for type checkers and readers; at run time these are import
     from .images import load_image
     from .kv import KVSegment, PrefillResult, new_cache, prefill_span, segments_to_cache
     from .model import ModelFingerprint, ModelHandle, VLProcessor, load
-    from .session import Answer, ImageReuse, PrefillStats, Session, SessionConfig
+    from .config import SessionConfig
+    from .policy import TurnPolicy
+    from .runtime.plan import ImageReuse
+    from .runtime.report import Answer, PrefillStats
+    from .session import Session
 
 _LAZY_NAMES = {  # public name -> the module that defines it
     "load_image": "images",
@@ -44,7 +48,11 @@ _LAZY_NAMES = {  # public name -> the module that defines it
     **dict.fromkeys(["ModelFingerprint", "ModelHandle"], "model.handle"),
     "VLProcessor": "model.processor",
     "load": "model.load",  # the function, from its module (the package attribute can be the module itself)
-    **dict.fromkeys(["Answer", "ImageReuse", "PrefillStats", "Session", "SessionConfig"], "session"),
+    **dict.fromkeys(["Answer", "PrefillStats"], "runtime.report"),
+    "ImageReuse": "runtime.plan",
+    "Session": "session",
+    "SessionConfig": "config",
+    "TurnPolicy": "policy",
 }
 _SUBPACKAGES = frozenset(
     ["cache", "envs", "kv", "model", "mrope", "prompt", "runtime", "serve", "text", "images", "toolcalls"]
@@ -66,6 +74,7 @@ __all__ = [
     "PrefillStats",
     "Session",
     "SessionConfig",
+    "TurnPolicy",
     "EmptyImageError",
     "GrammarError",
     "ImageError",

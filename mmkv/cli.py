@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import MmkvError
+from .policy import MAX_SEAM, REPAIRS, REUSE_POLICIES
 
 __all__ = ["HelpFormatter", "OneLineParser", "install_error_hook", "main", "one_line_errors"]
 
@@ -154,10 +155,14 @@ def _serve_parser(sub) -> None:
     p.add_argument(
         "--store", action="append", default=[], help="a store directory (or redis:// URL); repeat for tiers"
     )
-    p.add_argument(
-        "--reuse", choices=["kv", "encoder", "none"], default="kv", help="how cached images are reused"
-    )
-    p.add_argument("--seam", type=int, default=1, help="tokens recomputed after each spliced image")
+    policy = p.add_argument_group('reuse policy (the default; a request\'s {"mmkv": {...}} overrides it)')
+    policy.add_argument("--reuse", choices=REUSE_POLICIES, default="kv", help="how cached images are reused")
+    policy.add_argument("--seam", type=int, default=1,
+                        help=f"tokens recomputed at the start of each spliced segment (0-{MAX_SEAM})")  # fmt: skip
+    policy.add_argument("--repair", choices=REPAIRS, default="seam",
+                        help="how spliced tokens beyond the seam are chosen for recompute")  # fmt: skip
+    policy.add_argument("--budget", type=float, default=None,
+                        help="share of each segment's spliced tokens recomputed (0-1; default: the repair's)")  # fmt: skip
     p.add_argument("--allowed-media-domains", nargs="*", default=[], help="hosts http(s) image URLs may name")
     p.add_argument(
         "--allowed-local-media-path", type=Path, default=None, help="file:// images must lie under this"
@@ -213,7 +218,7 @@ def _serve_parser(sub) -> None:
 
 def _serve(args) -> None:
     _preflight(args)  # before torch: the address, --model and the store directories
-    from .runtime import TurnPolicy
+    from .policy import TurnPolicy
     from .serve import ServerConfig, serve
 
     try:
@@ -223,7 +228,7 @@ def _serve(args) -> None:
             host=args.host,
             port=args.port,
             stores=tuple(args.store),
-            policy=TurnPolicy(args.reuse, args.seam),
+            policy=TurnPolicy(args.reuse, args.seam, repair=args.repair, budget=args.budget),
             allowed_media_domains=tuple(args.allowed_media_domains),
             allowed_local_media_path=args.allowed_local_media_path,
             max_queue=args.max_queue,

@@ -32,11 +32,11 @@ from .runtime import (
     GREEDY,
     Answer,
     DecodeOptions,
-    ImageReuse,
     LiveCache,
     PrefillStats,
     ReusePolicy,
     Sampling,
+    TurnPolicy,
     TurnSources,
     pad_features,
     prepare_image,
@@ -46,7 +46,7 @@ from .runtime import (
 )
 from .runtime.grammar import GrammarSpec, constraint_for
 
-__all__ = ["Answer", "ImageReuse", "PrefillStats", "ReusePolicy", "Session", "SessionConfig"]
+__all__ = ["Session"]
 
 
 def _exclusive(method):
@@ -257,7 +257,7 @@ class Session:
     # ------------------------------------------------------------------------------------------ the turn
     def _layout(self, question: str | None, add_generation_prompt: bool, policy) -> tuple[PromptLayout, int]:
         """Step 1: the layout within ``max_prompt_tokens`` (traced if segments may splice), its history start."""
-        trace = policy.reuse == "kv" and self.conversation.has_segments()
+        trace = policy.splices_kv and self.conversation.has_segments()
         return self.layouts.build_within(
             self.config.max_prompt_tokens, self.conversation, question=question, trace=trace,
             add_generation_prompt=add_generation_prompt, window=self.config.window, history_start=self.history_start,
@@ -272,7 +272,7 @@ class Session:
         policy = self.config.policy if reuse is None else replace(self.config.policy, reuse=reuse)
         layout, self.history_start = self._layout(question, add_generation_prompt, policy)  # 1. lay out
         logits, self.last_prefill = run_turn(self.handle, self.live, layout, self.conversation.images,
-                                             self._sources(policy.reuse), policy, started)  # 2-5.  # fmt: skip
+                                             self._sources(policy), policy, started)  # 2-5.  # fmt: skip
         return logits, self.last_prefill
 
     # ----------------------------------------------------------------------- the edit protocol (mmkv.text.edit)
@@ -281,7 +281,7 @@ class Session:
         self, layout: PromptLayout, begin: int, old_end: int, new_end: int, extra: Sequence[int] = ()
     ) -> None:
         """``mmkv.runtime.replace_span`` on this session's live cache (dropped if it fails)."""
-        sources = self._sources(self.config.reuse)
+        sources = self._sources(self.config.policy)
         with self.live.dropped_on_error(), torch.inference_mode():
             replace_span(self.handle, self.live, layout, self.conversation.images, sources, begin, old_end,
                          new_end, extra, self.config.policy)  # fmt: skip
@@ -290,11 +290,11 @@ class Session:
     def pad_features(self, layout: PromptLayout, indices: Sequence[int]) -> list[ImageFeatures]:
         """The vision outputs of the image pads among prompt ``indices``, in order (one record per image)."""
         features = pad_features(layout, [(int(i), 1) for i in sorted(set(indices))])
-        return resolve_features(features, self.conversation.images, self._sources(self.config.reuse))
+        return resolve_features(features, self.conversation.images, self._sources(self.config.policy))
 
     def _record(self, image: ImageSource) -> ConversationImage:
-        return prepare_image(self.handle, image, self.config.max_image_pixels, self.config.reuse, self.encoder_store,
+        return prepare_image(self.handle, image, self.config.max_image_pixels, self.config.policy, self.encoder_store,
                              self._pixels)  # fmt: skip
 
-    def _sources(self, reuse: ReusePolicy) -> TurnSources:
-        return TurnSources(self.handle, self.store, self.encoder_store, reuse, self._pixels)
+    def _sources(self, policy: TurnPolicy) -> TurnSources:
+        return TurnSources(self.handle, self.store, self.encoder_store, policy, self._pixels)

@@ -182,9 +182,12 @@ def test_an_unwritable_store_is_found_before_the_model_loads(no_model_load, caps
 @pytest.mark.parametrize("flag, value, name", [("--max-queue", "-1", "max_queue"), ("--pool-bytes", "-5", "pool_bytes"),
                                                ("--max-tokens", "0", "max_tokens"), ("--request-timeout", "0", "request_timeout_s"),
                                                ("--header-timeout", "-1", "header_timeout_s"), ("--max-connections", "0", "max_connections"),
-                                               ("--layout-cache-bytes", "0", "layout_cache_bytes")])  # fmt: skip
+                                               ("--layout-cache-bytes", "0", "layout_cache_bytes"),
+                                               ("--seam", "4097", "seam"), ("--seam", "-1", "seam"),
+                                               ("--budget", "1.5", "budget"), ("--budget", "nan", "budget")])  # fmt: skip
 def test_a_bound_out_of_range_is_one_line(no_model_load, capsys, flag, value, name):
-    """A negative queue or pool, zero max tokens, a zero timeout: one line naming the setting."""
+    """A negative queue or pool, zero max tokens, a zero timeout, a seam over ``MAX_SEAM`` (the policy's own
+    bound, the request's too), a budget outside [0, 1]: one line naming the setting."""
     line = _serve_fails(capsys, flag, value)
     assert line.startswith("mmkv: serve: ") and name in line
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ..model.handle import ModelHandle
-from ..runtime import Decoder, ReusePolicy, TurnSources
+from ..runtime import Decoder, TurnPolicy, TurnSources
 from ..runtime.decode import greedy_tokens
 from .events import Delta, Done, Failed, First, Started
 from .request import Request
@@ -46,10 +46,10 @@ class EngineCore:
         self,
         handle: ModelHandle,
         config: EngineConfig,
-        sources: Callable[[ReusePolicy], TurnSources],
+        sources: Callable[[TurnPolicy], TurnSources],
         pool=None,
     ) -> None:
-        """``sources``: the stores per reuse policy; ``pool``: a ``LivePool`` for requests that bring no live
+        """``sources``: a turn's stores for its policy; ``pool``: a ``LivePool`` for requests that bring no live
         cache (the server's), or None."""
         self.handle, self.config, self.pool = handle, config, pool
         self.scheduler = Scheduler(config, handle.kv_bytes_per_token)
@@ -192,7 +192,7 @@ class EngineCore:
 
 
 def run_alone(
-    handle: ModelHandle, request: Request, sources: Callable[[ReusePolicy], TurnSources]
+    handle: ModelHandle, request: Request, sources: Callable[[TurnPolicy], TurnSources]
 ) -> Iterator[Delta | Done | First | Started]:
     """``request`` (bringing its own live cache) through an engine of its own (``ALONE``), its events as they
     come (a ``Session``'s turn); a ``Failed`` event is raised as its error instead. Stops when it finishes;

@@ -19,7 +19,7 @@ from collections.abc import Callable, Generator, Sequence
 import torch
 
 from ..model.handle import ModelHandle
-from ..runtime import ReusePolicy, TurnSources, turn_steps
+from ..runtime import TurnPolicy, TurnSources, turn_steps
 from ..runtime.report import PrefillStats
 from .batch import DecodeBatch
 from .request import Request
@@ -33,9 +33,9 @@ class ModelRunner:
     """Prefills requests in chunks and decodes the running ones in one batch."""
 
     def __init__(
-        self, handle: ModelHandle, sources: Callable[[ReusePolicy], TurnSources], prefill_chunk: int | None
+        self, handle: ModelHandle, sources: Callable[[TurnPolicy], TurnSources], prefill_chunk: int | None
     ) -> None:
-        """``sources``: the stores a turn under a reuse policy reads and writes (``TurnSources``)."""
+        """``sources``: the stores a turn under a policy reads and writes (``TurnSources``)."""
         self.handle, self.sources, self.prefill_chunk = handle, sources, prefill_chunk
         self.batch = DecodeBatch(handle)
         self._prefills: dict[int, Prefill] = {}  # id(request) -> its prefill in progress
@@ -46,7 +46,7 @@ class ModelRunner:
         stores; on an exception the live cache is reset (emptied) and the exception propagates."""
         steps = self._prefills.get(id(request))
         if steps is None:
-            sources = self.sources(request.policy.reuse)
+            sources = self.sources(request.policy)
             steps = self._prefills[id(request)] = turn_steps(
                 self.handle, request.live, request.layout, request.images, sources, request.policy,
                 request.started, request.keep, self.prefill_chunk,

@@ -6,6 +6,7 @@ A turn flows: ``lay_out`` (``mmkv.prompt``) -> ``LiveCache.matching_prefix`` -> 
 call) -> ``TurnSources.flush`` (store writes, after the first token) -> ``Decoder`` (decode).
 """
 
+from ..policy import DEFAULT_BUDGET, REPAIRS, RepairKind, ReusePolicy, TurnPolicy
 from .decode import (
     GREEDY,
     AnswerText,
@@ -26,16 +27,13 @@ from .plan import (
     FeatureSlice,
     ImageReuse,
     Plan,
-    ReusePolicy,
     SourceKind,
     Splice,
     StoreWrite,
-    TurnPolicy,
     pad_features,
     plan_replace,
     plan_turn,
 )
-from .policy import DEFAULT_BUDGET, REPAIRS, RepairKind
 from .repair import repair_plan
 from .report import Answer, PrefillStats, RepairStats
 from .sources import TurnSources, inputs_nbytes, prepare_image, preprocess

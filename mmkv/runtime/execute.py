@@ -23,9 +23,10 @@ from ..kv.segment import KVSegment
 from ..kv.vision import ImageFeatures
 from ..model.handle import ModelHandle
 from ..mrope import rerotate
+from ..policy import TurnPolicy
 from ..prompt.layout import PromptLayout
 from .live import LiveCache
-from .plan import FeatureSlice, Plan, Splice, TurnPolicy, plan_replace
+from .plan import FeatureSlice, Plan, Splice, plan_replace
 from .sources import TurnSources
 
 T = TypeVar("T")

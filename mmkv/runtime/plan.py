@@ -15,7 +15,7 @@ computed; for an image they are its start marker and first pads) and, for a turn
 always computed (``_compute_last``: its logits are the answer's first). Every cached segment placed is listed in
 ``Plan.placed`` (the image above: ``((3, 8),)``); the policy's repair beyond the seam (``TurnPolicy.repair`` and
 ``budget``) computes more of them, chosen by ``mmkv.runtime.repair``. The policy itself lives in
-``mmkv.runtime.policy`` (re-exported here).
+``mmkv.policy``.
 """
 
 from __future__ import annotations
@@ -31,20 +31,18 @@ from ..cache.store import StoreTier
 from ..conversation import ConversationImage
 from ..errors import StoreMismatchError
 from ..kv.segment import KVSegment
+from ..policy import TurnPolicy
 from ..prompt.layout import PromptLayout
-from .policy import ReusePolicy, TurnPolicy
 
 __all__ = [
     "FeatureSlice",
     "ImageReuse",
     "Plan",
-    "ReusePolicy",
-    "SourceKind",
+        "SourceKind",
     "Sources",
     "Splice",
     "StoreWrite",
-    "TurnPolicy",
-    "plan_replace",
+        "plan_replace",
     "plan_turn",
 ]
 
@@ -214,8 +212,8 @@ def plan_turn(
     """
     ids = layout.token_ids
     builder = _Builder(layout.num_tokens, keep)
-    candidates = list(reusable_text) if policy.reuse == "kv" else []
-    anchors = layout.segments if policy.reuse == "kv" else ()
+    candidates = list(reusable_text) if policy.splices_kv else []
+    anchors = layout.segments if policy.splices_kv else ()
     first = bisect.bisect_right(layout.pieces, keep, key=lambda piece: piece.end)  # pieces wholly kept
     live_images = next(
         (p.image_index for p in layout.pieces[first:] if p.kind == "image"), len(layout.image_order)
@@ -340,7 +338,7 @@ def _plan_image(
     miss) computed from cached or fresh vision outputs, and under ``kv`` stored afterwards."""
     image, length = images[index], int(span_ids.shape[0])
     num_pads = length - 2  # between <|vision_start|> and <|vision_end|>
-    if policy.reuse == "kv":
+    if policy.splices_kv:
         segment, tier = sources.kv(image)
         if segment is not None:
             if not torch.equal(segment.token_ids.cpu(), span_ids.cpu()):
@@ -355,7 +353,7 @@ def _plan_image(
     builder.images.append(ImageReuse(index, image.digest, "computed", sources.encoder_tier(image)))
     builder.features.append(FeatureSlice(index, range(num_pads)))
     builder.compute(start, length)
-    if policy.reuse == "kv":
+    if policy.splices_kv:
         builder.writes.append(StoreWrite(start, length, image.digest))
 
 

@@ -6,15 +6,16 @@ attention it took where it was computed. The seam rule (``mmkv.runtime.plan``) r
 repair recomputes ``ceil(budget * n)`` more of the ``n`` tokens each segment still splices, chosen by:
 
 - ``"seam"``: the leading ones (no pass: a longer seam);
-- ``"deviation"`` (CacheBlend): the first two layers run over the prompt from the kept prefix to the last splice,
-  in context, on a scratch cache (``LiveCache.layer_prefix`` and the model's two-layer variant); a token scores
-  how far its layer-1 keys and values moved from the spliced (re-rotated) ones. Layer 0's KV depends only on a
-  token's own embedding and position, so layer 1 is the first that sees the context. The pass needs the vision
-  outputs of every image pad in that range (the encoder store, else the tower: ``ImageReuse.encoder`` says);
+- ``"deviation"`` (CacheBlend): the first layers run over the prompt from the kept prefix to the last splice, in
+  context, on a scratch cache (``LiveCache.layer_prefix``); a token scores how far its keys and values moved
+  from the spliced (re-rotated) ones (``mmkv.runtime.ranking``). The pass needs the vision outputs of every
+  image pad in that range (the encoder store, else the tower: ``ImageReuse.encoder`` says);
 - ``"attention"``: the prompt's last text tokens (at most ``PROBE_TOKENS``, after the last splice) run as queries
   over the kept prefix and the splices, every layer, on a copy of the live prefix (``LiveCache.copy_prefix``, the
   eager variant via ``LiveCache.probe``); a token scores the attention it receives, averaged over layers, heads
   and queries. The computed tokens between splices are not in the probe (an approximation of the ranking only).
+
+The scores are ``mmkv.runtime.ranking``'s, shared with the selective field edit.
 
 The chosen tokens are then computed in context by ``execute`` like any other (exact where the context is the one
 the segment was computed in: any choice is then exact). Nothing here changes the live cache. Example, an image
@@ -33,19 +34,23 @@ from dataclasses import replace
 import torch
 
 from ..conversation import ConversationImage
-from ..kv.prefill import prefill_span
 from ..model.handle import ModelHandle
 from ..prompt.layout import PromptLayout
 from .execute import attention_mask, place_splices, resolve_features
 from .live import LiveCache
 from .plan import Plan, Splice, pad_features
+from .ranking import (
+    PROBE_TOKENS,
+    deviation_depth,
+    kv_deviation,
+    received_attention,
+    recompute_first_layers,
+    top_k,
+)
 from .report import RepairStats
 from .sources import TurnSources
 
-__all__ = ["DEVIATION_LAYERS", "PROBE_TOKENS", "choose", "recompute_within", "repair_plan", "repair_stats"]
-
-DEVIATION_LAYERS = 2  # the deviation pass runs this many first layers and compares the last of them
-PROBE_TOKENS = 16  # the attention probe's queries: the prompt's last text tokens (bounds its weights' memory)
+__all__ = ["choose", "recompute_within", "repair_plan", "repair_stats"]
 
 
 def repair_plan(
@@ -103,11 +108,8 @@ def choose(groups: Sequence[torch.Tensor], counts: Sequence[int], scores: torch.
     for group, count in zip(groups, counts, strict=True):
         if not count:
             continue
-        if scores is None:
-            out += group[:count].tolist()
-            continue
-        order = torch.sort(scores[group].float().cpu(), descending=True, stable=True).indices
-        out += group[order[:count]].tolist()
+        picked = range(count) if scores is None else top_k(scores[group], count)
+        out += group[list(picked)].tolist()
     return sorted(out)
 
 
@@ -170,15 +172,14 @@ def _deviation_scores(handle, live, plan, layout, images, sources):
     """``(num_tokens,)`` scores (layer-1 K and V deviation norms, summed; spliced indices only), the pass's tokens
     and layers, and the images whose vision outputs the pass used."""
     keep, end = plan.keep, max(splice.end for splice in plan.splices)
-    depth = min(DEVIATION_LAYERS, handle.num_layers)
+    depth = deviation_depth(handle)
     scratch = live.layer_prefix(keep, depth) if keep else None  # copies: the live cache is not touched
     slices = pad_features(layout, [(keep, end - keep)])
     features = resolve_features(slices, images, sources)
-    ids, positions = layout.token_ids, layout.positions
-    scratch = prefill_span(
-        handle, ids[keep:end], positions[:, keep:end], context=scratch, features=features, keep_segment=False,
-        num_layers=depth,
-    ).cache  # fmt: skip
+    positions = layout.positions
+    keys, values = recompute_first_layers(
+        handle, scratch, layout.token_ids[keep:end], positions[:, keep:end], features
+    )  # (kv_heads, end, D) each, by prompt index
     layer = depth - 1
     one_layer = [
         Splice(s.start, replace(s.segment, keys=s.segment.keys[layer : layer + 1], values=s.segment.values[layer : layer + 1]))
@@ -186,12 +187,9 @@ def _deviation_scores(handle, live, plan, layout, images, sources):
     ]  # fmt: skip
     cached = place_splices(one_layer, positions, plan.policy)  # (1, 1, kv_heads, S, D), re-rotated
     spliced = _spliced_indices(plan)  # (S,)
-    fresh = scratch.layers[layer]
-    index = spliced.to(fresh.keys.device)
-    dk = (fresh.keys[0][:, index] - cached.keys[0, 0].to(fresh.keys.device)).float().norm(dim=(0, 2))  # (S,)
-    dv = (fresh.values[0][:, index] - cached.values[0, 0].to(fresh.keys.device)).float().norm(dim=(0, 2))
+    index = spliced.to(keys.device)
     scores = torch.full((layout.num_tokens,), float("-inf"))
-    scores[spliced] = (dk + dv).cpu()
+    scores[spliced] = kv_deviation(keys[:, index], values[:, index], cached.keys[0, 0], cached.values[0, 0])
     return scores, end - keep, depth, {piece.image_index for piece in slices}
 
 
@@ -217,7 +215,7 @@ def _attention_scores(handle, live, plan, layout):
     )  # prompt index of every entry during the probe
     mask = attention_mask(entries, queries, handle.dtype).to(handle.device)
     result = probe.probe(layout.token_ids[queries], layout.positions[:, queries], mask)
-    weights = torch.stack([a[0].float().mean((0, 1)) for a in result.attentions]).mean(0).cpu()  # (K,)
+    weights = received_attention(result.attentions)  # (K,)
     scores = torch.full((layout.num_tokens,), float("-inf"))
     scores[spliced] = weights[keep : keep + spliced.numel()]
     return scores, int(queries.numel()), handle.num_layers

@@ -6,13 +6,14 @@ fetched or computed this turn (an image seen twice in one prompt runs the tower 
 store writes; ``flush`` runs them after the first token is known, so store writes (disk ones included) are not
 part of the time to first token. Example::
 
-    sources = TurnSources(handle, kv_store, encoder_store, reuse="kv")
+    sources = TurnSources(handle, kv_store, encoder_store, TurnPolicy(reuse="kv"))
     segment, tier = sources.kv(image)           # (KVSegment, "memory") or (None, None)
     tier = sources.encoder_tier(image)          # "memory" | "disk" | "computed": a lookup, no tower
     features = sources.features(image)          # the memo, else the store, else the tower (write queued)
     sources.flush(live, writes)                 # image KV and vision outputs into the stores
 
-``reuse="none"`` never reads or writes the stores.
+A policy whose ``reads_stores`` is false (``reuse="none"``) never reads or writes the stores; one that does not
+``splices_kv`` (``"encoder"``) never looks image KV up.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from ..kv.segment import KVSegment
 from ..kv.vision import ImageFeatures, encode_images
 from ..model.handle import ModelHandle
 from ..model.processor import ImageInputs
+from ..policy import TurnPolicy
 from .live import LiveCache
-from .plan import ReusePolicy, StoreWrite
+from .plan import StoreWrite
 
 __all__ = ["TurnSources", "inputs_nbytes", "prepare_image", "preprocess"]
 
@@ -46,11 +48,11 @@ def inputs_nbytes(inputs: ImageInputs) -> int:
 
 
 def prepare_image(
-    handle: ModelHandle, source: ImageSource, max_pixels: int, reuse: ReusePolicy, encoder_store: EncoderStore,
+    handle: ModelHandle, source: ImageSource, max_pixels: int, policy: TurnPolicy, encoder_store: EncoderStore,
     pixels: MemoryTier,
 ) -> ConversationImage:  # fmt: skip
     """``source`` (PIL image, path or bytes) normalised and keyed for ``handle`` (over ``max_pixels``: refused);
-    unless its vision outputs are stored already (and ``reuse`` reads stores), also preprocessed into ``pixels``
+    unless its vision outputs are stored already (and ``policy`` reads stores), also preprocessed into ``pixels``
     now, so a turn that needs the vision tower does not pay for it in its time to first token. Raises the
     ``mmkv.ImageError`` of a bad image."""
     image = load_image(source, max_pixels=max_pixels)
@@ -58,7 +60,9 @@ def prepare_image(
     record = ConversationImage(
         image, image_digest(image, processor, handle.fingerprint), processor.image_grid(image)
     )
-    if record.digest not in pixels and (reuse == "none" or not encoder_store.contains(record.digest, handle)):
+    if record.digest not in pixels and (
+        not policy.reads_stores or not encoder_store.contains(record.digest, handle)
+    ):
         inputs = preprocess(handle, record)
         pixels.put(record.digest, inputs, inputs_nbytes(inputs))
     return record
@@ -72,22 +76,22 @@ class TurnSources:
         handle: ModelHandle,
         kv_store: KVStore,
         encoder_store: EncoderStore,
-        reuse: ReusePolicy,
+        policy: TurnPolicy,
         pixels: MemoryTier | None = None,
     ) -> None:
-        """``pixels``: preprocessed vision-tower inputs by digest (made when the image was added), if any."""
+        """``policy``: the turn's (what it reads and writes); ``pixels``: preprocessed vision-tower inputs by digest (made when the image was added), if any."""
         self.handle = handle
         self.pixels = pixels
         self.kv_store = kv_store
         self.encoder_store = encoder_store
-        self.reuse = reuse
+        self.policy = policy
         self._features: dict[str, tuple[list[ImageFeatures], str]] = {}  # digest -> (features, tier)
         self._feature_puts: list[tuple[str, list[ImageFeatures]]] = []  # computed this turn, to store
 
     def kv(self, image: ConversationImage) -> tuple[KVSegment | None, StoreTier | None]:
         """The image's stored KV and the tier that had it, or ``(None, None)``. Raises ``StoreMismatchError`` when
         the store hands back KV this model could not have made for it."""
-        if self.reuse != "kv":
+        if not self.policy.splices_kv:
             return None, None
         segment, tier = self.kv_store.lookup(image.digest, self.handle)
         if segment is not None:
@@ -99,7 +103,7 @@ class TurnSources:
         into the memo) or ``"computed"`` (the tower runs when ``features`` is called)."""
         if image.digest in self._features:
             return self._features[image.digest][1]
-        if self.reuse != "none":
+        if self.policy.reads_stores:
             cached, tier = self.encoder_store.lookup(image.digest, self.handle)
             if cached is not None:
                 self._features[image.digest] = (cached, tier)
@@ -108,7 +112,7 @@ class TurnSources:
 
     def features(self, image: ConversationImage) -> list[ImageFeatures]:
         """The image's vision outputs: from this turn's memo, the encoder store, or the vision tower (then
-        queued for the store unless ``reuse="none"``)."""
+        queued for the store if the policy ``reads_stores``)."""
         self.encoder_tier(image)  # a store hit lands in the memo
         if image.digest in self._features:
             return self._features[image.digest][0]
@@ -117,7 +121,7 @@ class TurnSources:
             inputs = preprocess(self.handle, image)
         computed = encode_images(self.handle, inputs)
         self._features[image.digest] = (computed, "computed")
-        if self.reuse != "none":
+        if self.policy.reads_stores:
             self._feature_puts.append((image.digest, computed))
         return computed
 

@@ -22,10 +22,11 @@ import torch
 from ..conversation import ConversationImage
 from ..errors import PromptTooLongError
 from ..model.handle import ModelHandle
+from ..policy import TurnPolicy
 from ..prompt.layout import PromptLayout
 from .execute import drain, execute_steps
 from .live import LiveCache
-from .plan import TurnPolicy, plan_turn
+from .plan import plan_turn
 from .repair import repair_plan
 from .report import PrefillStats
 from .sources import TurnSources
@@ -79,7 +80,7 @@ def turn_steps(
     check_positions(handle, layout)
     # 2. matching prefix
     keep = live.matching_prefix(layout) if keep is None else keep
-    reusable_text = live.truncate(keep, collect_text=policy.reuse == "kv")
+    reusable_text = live.truncate(keep, collect_text=policy.splices_kv)
     # 3. plan
     plan = plan_turn(layout, images, keep, policy, sources, reusable_text)
     plan, repair = repair_plan(handle, live, plan, layout, images, sources)  # the budget beyond the seam

@@ -157,7 +157,7 @@ class Engine:
         with self.decoding.hold(decode_bytes(data, max_pixels), deadline):
             source = data if detail != "low" else low_detail(load_image(data, max_pixels=max_pixels))
             record = prepare_image(
-                self.handle, source, max_pixels, self.config.policy.reuse, self.encoder_store, self.pixels
+                self.handle, source, max_pixels, self.config.policy, self.encoder_store, self.pixels
             )
         self.decoded.put(key, record, 3 * record.pixels.width * record.pixels.height + len(data))
         return record

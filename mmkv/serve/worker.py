@@ -25,7 +25,7 @@ from ..cache.memory import MemoryTier
 from ..engine import EngineConfig, EngineCore, Request, Started
 from ..engine.events import Delta, Done, Failed, First
 from ..model.handle import ModelHandle
-from ..runtime import ReusePolicy, TurnSources
+from ..runtime import TurnPolicy, TurnSources
 from .heap import HeapTrim
 from .metrics import Metrics
 from .pool import LivePool
@@ -111,8 +111,8 @@ class Worker:
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
-    def _sources(self, reuse: ReusePolicy) -> TurnSources:
-        return TurnSources(self.handle, self.kv_store, self.encoder_store, reuse, self.pixels)
+    def _sources(self, policy: TurnPolicy) -> TurnSources:
+        return TurnSources(self.handle, self.kv_store, self.encoder_store, policy, self.pixels)
 
     def _loop(self) -> None:
         while True:

@@ -2,8 +2,9 @@
 precompiled text segments spliced anywhere."""
 
 from ..fields import fill_template, validate_fields
+from ..policy import RANKINGS
 from .compose import TextSegment, canonical_preamble, precompile
-from .edit import RANKINGS, STRATEGIES, EditReport, edit_field
+from .edit import STRATEGIES, EditReport, edit_field
 from .erratum import DEFAULT_ERRATUM, erratum_line
 
 __all__ = [

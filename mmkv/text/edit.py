@@ -10,8 +10,9 @@ first:
   was (stale). A value with another token count moves everything after it: those keys are re-rotated by the
   difference (exact rotation, stale content);
 - ``selective``: ``in_place`` plus the ``k`` later tokens ranked highest, by the attention they receive from the
-  context's last position (``rank="attention"``) or by how far their layer-1 KV moves when the first two layers
-  are recomputed (``rank="deviation"``, the CacheBlend-style baseline);
+  context's last position (``rank="attention"``) or by how far their KV moves when the first layers are
+  recomputed (``rank="deviation"``, the CacheBlend-style baseline): ``mmkv.runtime.ranking``'s scores, the
+  same the repair beyond the seam uses;
 - ``suffix``: recompute everything from the value on (exact);
 - ``full``: recompute the whole context (the reference).
 
@@ -21,8 +22,8 @@ The strategies work on an ``EditTarget`` (a ``Session`` is one): a conversation,
 the two cache-building calls ``prefill`` and ``replace_span``. Every cache-building path goes through
 ``mmkv.kv.prefill_span``: the attention ranking's one-token probe too (``LiveCache.probe``: the model's
 eager-attention variant, the cache cropped back to what it held), and the deviation ranking's two-layer
-recompute (the model's two-layer variant over a scratch copy of the cache's first layers). The shared model is
-never changed.
+recompute (``mmkv.runtime.ranking.recompute_first_layers`` over a scratch copy of the cache's first layers). The
+shared model is never changed.
 """
 
 from __future__ import annotations
@@ -36,19 +37,19 @@ import torch
 
 from ..conversation import Conversation
 from ..errors import UnsupportedInputError
-from ..kv.prefill import prefill_span
 from ..kv.vision import ImageFeatures
 from ..model.handle import ModelHandle
+from ..policy import RANKINGS, Ranking
 from ..prompt.layout import PromptLayout
 from ..runtime.execute import attention_mask
 from ..runtime.live import LiveCache
+from ..runtime.ranking import deviation_depth, kv_deviation, received_attention, recompute_first_layers, top_k
 from .erratum import DEFAULT_ERRATUM, erratum_line
 
-__all__ = ["RANKINGS", "STRATEGIES", "EditReport", "EditTarget", "edit_field"]
+__all__ = ["STRATEGIES", "EditReport", "EditTarget", "edit_field"]
 
 Strategy = Literal["erratum", "in_place", "selective", "suffix", "full"]
 STRATEGIES: tuple[str, ...] = ("erratum", "in_place", "selective", "suffix", "full")
-RANKINGS: tuple[str, ...] = ("attention", "deviation")
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def edit_field(
     strategy: Strategy = "suffix",
     *,
     k: int = 8,
-    rank: str = "attention",
+    rank: Ranking = "attention",
     erratum: str = DEFAULT_ERRATUM,
     erratum_role: str = "system",
 ) -> EditReport:
@@ -209,33 +210,27 @@ def _rank_by_attention(target: EditTarget, after: PromptLayout, begin, old_end, 
     entries[n] = n - 1
     mask = attention_mask(entries, torch.tensor([n - 1]), handle.dtype).to(handle.device)
     probe = live.probe(live.token_ids[-1:], live.positions[:, -1:], mask)  # the cache is cropped back
-    weights = torch.stack([a[0, :, 0].float() for a in probe.attentions]).mean((0, 1)).cpu()  # (n + 1,)
+    weights = received_attention(probe.attentions)  # (n + 1,)
     weights[n - 1] = weights[n]  # the last token's attention to itself
     scores = weights[old_end:n]  # the tokens after the field, old indices
-    top = torch.topk(scores, min(k, int(scores.shape[0]))).indices + old_end
-    return sorted(int(i) + new_end - old_end for i in top)
+    return [i + new_end for i in top_k(scores, k)]
 
 
 def _rank_by_deviation(target: EditTarget, after: PromptLayout, begin, old_end, new_end, k) -> list[int]:
-    """CacheBlend-style: recompute the first two layers over the new field and everything after it, and rank the
-    later tokens by how far their layer-1 keys and values moved from the cached ones (old keys re-rotated to the
-    new positions first). The live cache is not touched (the recompute runs over a scratch cache)."""
+    """CacheBlend-style: recompute the first layers over the new field and everything after it, and rank the
+    later tokens by how far their keys and values moved from the cached ones (old keys re-rotated to the new
+    positions first). The live cache is not touched (the recompute runs over a scratch cache)."""
     live, handle = target.live, target.handle
     n_old = live.num_tokens
     if old_end >= n_old:
         return []
     ids, positions = after.token_ids, after.positions
     downstream = live.segment(old_end).moved_to(int(positions[0, new_end]))  # the cached KV, re-rotated
-    depth = min(2, handle.num_layers)
-    scratch = live.layer_prefix(begin, depth)
+    layer = deviation_depth(handle) - 1
+    scratch = live.layer_prefix(begin, layer + 1)
     features = target.pad_features(after, range(begin, after.num_tokens))
-    prefill_span(
-        handle, ids[begin:], positions[:, begin:], context=scratch, features=features, keep_segment=False,
-        num_layers=depth,
-    )  # fmt: skip
-    fresh = scratch.layers[depth - 1]
-    dk = (fresh.keys[0, :, new_end:] - downstream.keys[depth - 1, 0]).float().norm(dim=(0, 2))  # (L,)
-    dv = (fresh.values[0, :, new_end:] - downstream.values[depth - 1, 0]).float().norm(dim=(0, 2))
-    scores = (dk + dv).cpu()
-    top = torch.topk(scores, min(k, int(scores.shape[0]))).indices + new_end
-    return sorted(int(i) for i in top)
+    keys, values = recompute_first_layers(handle, scratch, ids[begin:], positions[:, begin:], features)
+    scores = kv_deviation(
+        keys[:, new_end:], values[:, new_end:], downstream.keys[layer, 0], downstream.values[layer, 0]
+    )  # (L,): the tokens after the field
+    return [i + new_end for i in top_k(scores, k)]

@@ -24,8 +24,8 @@ class Stores:
     encoder: EncoderStore = field(default_factory=EncoderStore)
     pixels: MemoryTier = field(default_factory=lambda: MemoryTier(64 << 20))
 
-    def sources(self, reuse) -> TurnSources:
-        return TurnSources(self.handle, self.kv, self.encoder, reuse, self.pixels)
+    def sources(self, policy) -> TurnSources:
+        return TurnSources(self.handle, self.kv, self.encoder, policy, self.pixels)
 
 
 @dataclass

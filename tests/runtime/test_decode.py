@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import mmkv
-from mmkv.runtime import AnswerText, DecodeOptions, Decoder, LiveCache, Sampling, run_turn
+from mmkv.runtime import AnswerText, DecodeOptions, Decoder, LiveCache, Sampling, TurnPolicy, run_turn
 from mmkv.runtime.decode import end_of_turn_id, token_bytes, vision_token_ids
 from mmkv.runtime.sampling import choose
 
@@ -197,8 +197,8 @@ def test_session_and_worker_use_the_same_decoder(tiny):
     layout = session.prompt_layout("What now?")
     live = LiveCache(tiny)
     with torch.inference_mode():
-        logits, _ = run_turn(tiny, live, layout, session.conversation.images, session._sources("none"),
-                             session.config.policy)  # fmt: skip
+        cold = TurnPolicy(reuse="none")
+        logits, _ = run_turn(tiny, live, layout, session.conversation.images, session._sources(cold), cold)
         decoder = Decoder(tiny, live, logits, DecodeOptions(8))
         list(decoder)
     assert tuple(decoder.token_ids) == asked.token_ids and decoder.text == asked.text

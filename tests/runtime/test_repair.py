@@ -1,5 +1,6 @@
-"""The repair beyond the seam (``TurnPolicy.repair`` / ``budget``, ``mmkv.runtime.repair``): its policy checks, the
-plan it makes (pure), its exactness in the same context, the budget's exact count, the default left unchanged."""
+"""The repair beyond the seam (``TurnPolicy.repair`` / ``budget``, ``mmkv.runtime.repair``): the plan it makes
+(pure), its exactness in the same context, the budget's exact count, the default left unchanged (the policy's
+own checks: tests/test_policy.py)."""
 
 from __future__ import annotations
 
@@ -13,46 +14,13 @@ import mmkv
 from mmkv.cache import EncoderStore, KVStore
 from mmkv.prompt.layout import SegmentAnchor
 from mmkv.runtime import FeatureSlice, LiveCache, TurnPolicy, TurnSources, plan_turn
-from mmkv.runtime.repair import PROBE_TOKENS, choose, recompute_within, repair_plan, repair_stats
+from mmkv.runtime.ranking import PROBE_TOKENS
+from mmkv.runtime.repair import choose, recompute_within, repair_plan, repair_stats
 from tests.conftest import random_image
 from tests.runtime.test_plan import IMAGE_IDS, IMAGES, TEXT, FakeSources, _layout, _segment
 from tests.test_session import _full_forward_logits
 
 HISTORY = "Here is a long history of earlier steps in the task, unrelated to the picture. " * 3
-
-
-# ------------------------------------------------------------------------------------------ the policy
-@pytest.mark.parametrize(
-    ("settings", "message"),
-    [
-        ({"repair": "magic"}, "repair must be one of"),
-        ({"budget": 1.5}, "budget must be a fraction"),
-        ({"budget": -0.1}, "budget must be a fraction"),
-        ({"budget": float("nan")}, "budget must be a fraction"),
-        ({"budget": True}, "budget must be a fraction"),
-        ({"budget": "0.05"}, "budget must be a fraction"),
-    ],
-)
-def test_a_bad_repair_or_budget_is_refused_naming_it(settings, message):
-    """An unknown repair, a budget outside [0, 1], NaN, a bool or a string raise ValueError naming the field, from
-    the policy and from a session's config alike."""
-    with pytest.raises(ValueError, match=message):
-        TurnPolicy(**settings)
-    with pytest.raises(ValueError, match=message):
-        mmkv.SessionConfig.of(**settings)
-
-
-def test_the_budget_defaults_per_repair_and_rounds_up_exactly():
-    """No budget: 0 for the seam (the default policy recomputes nothing more), 0.05 for a ranking; the count is
-    the share rounded up, exact on integers (0.05 x 100 = 5, not 6) and capped by what is spliced."""
-    assert TurnPolicy().repair == "seam" and TurnPolicy().repair_budget == 0.0
-    assert (
-        TurnPolicy(repair="deviation").repair_budget == TurnPolicy(repair="attention").repair_budget == 0.05
-    )
-    policy = TurnPolicy(repair="deviation", budget=0.05)
-    assert [policy.num_chosen(n) for n in (0, 1, 20, 65, 100, 101)] == [0, 1, 1, 4, 5, 6]
-    assert TurnPolicy(budget=1).num_chosen(7) == 7 and TurnPolicy().num_chosen(1000) == 0
-    assert mmkv.SessionConfig.of(repair="attention", budget=0.25).policy.budget == 0.25
 
 
 # ------------------------------------------------------------------------------------ plans, without a model
@@ -177,7 +145,7 @@ def test_the_default_policy_is_the_plain_seam_bit_for_bit(tiny):
         assert torch.equal(zero.next_token_logits("Describe it."), default)
         assert zero.last_prefill.repair.chosen == 0 and zero.last_prefill.repair.seconds == 0.0
         layout = zero.prompt_layout("Describe it.")
-        sources = TurnSources(tiny, stores[0], stores[1], "kv")
+        sources = TurnSources(tiny, stores[0], stores[1], TurnPolicy())
         plan = plan_turn(layout, zero.images, 0, zero.config.policy, sources)
         assert repair_plan(tiny, LiveCache(tiny), plan, layout, zero.images, sources)[0] is plan
 
@@ -196,7 +164,7 @@ def test_deviation_picks_the_token_whose_stored_kv_was_corrupted(tiny):
     values[1, :, :, target] -= 3.0
     store.put(digest, replace(stored, keys=keys, values=values), tiny)
     layout = session.prompt_layout("Describe it.")
-    sources = TurnSources(tiny, store, encoder_store, "kv")
+    sources = TurnSources(tiny, store, encoder_store, TurnPolicy())
     policy = TurnPolicy(repair="deviation", budget=1 / (stored.length - 1))
     plan = plan_turn(layout, session.images, 0, policy, sources)
     repaired, stats = repair_plan(tiny, LiveCache(tiny), plan, layout, session.images, sources)
@@ -219,7 +187,7 @@ def test_a_repair_after_a_live_prefix_leaves_the_live_cache_alone(tiny):
         keep = live.matching_prefix(layout)
         live.truncate(keep)
         before = live.segment()
-        sources = TurnSources(tiny, stores[0], stores[1], "kv")
+        sources = TurnSources(tiny, stores[0], stores[1], TurnPolicy())
         plan = plan_turn(layout, session.images, keep, session.config.policy, sources)
         repaired, stats = repair_plan(tiny, live, plan, layout, session.images, sources)
         after = live.segment()

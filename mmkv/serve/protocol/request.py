@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ...policy import MAX_SEAM, RepairKind, ReusePolicy
 from ...runtime.decode import MAX_LOGPROBS
 from ...runtime.sampling import SEED_RANGE
 
@@ -146,11 +147,11 @@ class StreamOptions(_In):
 
 
 class MmkvOptions(_In):
-    reuse: Literal["kv", "encoder", "none"] | None = None  # this request's reuse policy
-    seam: int | None = Field(default=None, ge=0, le=4096)  # this request's seam
-    repair: Literal["seam", "deviation", "attention"] | None = (
-        None  # how spliced tokens beyond the seam are chosen
-    )
+    """A request's overrides of the server's ``TurnPolicy`` (the values are the policy's own types)."""
+
+    reuse: ReusePolicy | None = None  # this request's reuse policy
+    seam: int | None = Field(default=None, ge=0, le=MAX_SEAM)  # this request's seam
+    repair: RepairKind | None = None  # how spliced tokens beyond the seam are chosen
     budget: float | None = Field(
         default=None, ge=0.0, le=1.0, allow_inf_nan=False
     )  # share of them recomputed

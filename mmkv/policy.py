@@ -11,6 +11,11 @@ every spliced segment, then ``budget`` of the rest, chosen by ``repair``:
   the new context (CacheBlend's selection);
 - ``"attention"``: those the prompt's last tokens attend to most, averaged over layers and heads.
 
+The allowed values are declared here once (``ReusePolicy``, ``RepairKind``, ``Ranking`` and their tuples
+``REUSE_POLICIES``, ``REPAIRS``, ``RANKINGS``, and the seam's bound ``MAX_SEAM``); the request model, the CLI,
+the demo and the edit strategies take them from here. Code asks the policy (``splices_kv``, ``reads_stores``),
+never compares ``reuse`` with a string.
+
 Example: an image of 66 tokens (64 pads and two markers) spliced with ``seam=1, repair="deviation",
 budget=0.05``: its ``<|vision_start|>`` is computed (the seam), ``ceil(0.05 * 65) = 4`` of its other 65 tokens
 are computed (the four that deviate most), 61 are spliced: 5 of 66 tokens (7.6%) recomputed in context.
@@ -20,13 +25,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
-__all__ = ["DEFAULT_BUDGET", "REPAIRS", "RepairKind", "ReusePolicy", "TurnPolicy"]
+__all__ = [
+    "DEFAULT_BUDGET", "MAX_SEAM", "RANKINGS", "REPAIRS", "REUSE_POLICIES", "Ranking", "RepairKind", "ReusePolicy",
+    "TurnPolicy",
+]  # fmt: skip
 
-ReusePolicy = Literal["kv", "encoder", "none"]
-RepairKind = Literal["seam", "deviation", "attention"]
-REPAIRS: tuple[str, ...] = ("seam", "deviation", "attention")
+ReusePolicy = Literal["kv", "encoder", "none"]  # splice cached KV / reuse cached vision outputs / neither
+Ranking = Literal["deviation", "attention"]  # how tokens are ranked for recompute (repair and field edits)
+RepairKind = Literal["seam", Ranking]  # "seam": the leading tokens, no ranking
+REUSE_POLICIES: tuple[ReusePolicy, ...] = get_args(ReusePolicy)
+RANKINGS: tuple[Ranking, ...] = get_args(Ranking)
+REPAIRS: tuple[RepairKind, ...] = get_args(RepairKind)  # ("seam", "deviation", "attention")
+MAX_SEAM = 4096  # the longest seam a policy takes (a request's or the CLI's alike)
 DEFAULT_BUDGET = 0.05  # a ranking repair's budget when none is given (VLCache recomputes 2-5% of tokens)
 
 
@@ -45,10 +57,10 @@ class TurnPolicy:
     # context, rounded up; None: the repair's default (0 for "seam": bit-identical to a plain seam; else 0.05)
 
     def __post_init__(self) -> None:
-        if self.reuse not in ("kv", "encoder", "none"):
-            raise ValueError(f"reuse must be 'kv', 'encoder' or 'none', got {self.reuse!r}")
-        if isinstance(self.seam, bool) or not isinstance(self.seam, int) or self.seam < 0:
-            raise ValueError(f"seam must be an int >= 0, got {self.seam!r}")
+        if self.reuse not in REUSE_POLICIES:
+            raise ValueError(f"reuse must be one of {REUSE_POLICIES}, got {self.reuse!r}")
+        if isinstance(self.seam, bool) or not isinstance(self.seam, int) or not 0 <= self.seam <= MAX_SEAM:
+            raise ValueError(f"seam must be an int in [0, {MAX_SEAM}], got {self.seam!r}")
         if not isinstance(self.rotate, bool):
             raise ValueError(f"rotate must be a bool, got {self.rotate!r}")
         if not set(self.rotate_axes) <= {0, 1, 2}:
@@ -62,6 +74,16 @@ class TurnPolicy:
             raise ValueError(
                 f"budget must be a fraction in [0, 1] (or None: the repair's default), got {budget!r}"
             )
+
+    @property
+    def splices_kv(self) -> bool:
+        """Whether cached KV (stored images, precompiled text, text cut off the live cache) is spliced."""
+        return self.reuse == "kv"
+
+    @property
+    def reads_stores(self) -> bool:
+        """Whether the stores are read and written at all (``"none"``: every image through the vision tower)."""
+        return self.reuse != "none"
 
     @property
     def repair_budget(self) -> float:
