@@ -33,10 +33,10 @@ from .lazy import lazy_attributes
 
 if TYPE_CHECKING:  # for type checkers and readers; at run time these are imported on first use
     from . import mrope, text
+    from .config import SessionConfig
     from .images import load_image
     from .kv import KVSegment, PrefillResult, new_cache, prefill_span, segments_to_cache
     from .model import ModelFingerprint, ModelHandle, VLProcessor, load
-    from .config import SessionConfig
     from .policy import TurnPolicy
     from .runtime.plan import ImageReuse
     from .runtime.report import Answer, PrefillStats

@@ -29,8 +29,9 @@ def test_pieces_concatenate_to_the_processor_ids(tiny):
     inputs = _conversation(tiny)
     pieces = split_prompt(tiny, inputs["input_ids"], inputs["image_grid_thw"])
     assert [p.kind for p in pieces] == ["text", "image", "text", "image", "image", "text"]
-    assert [p.image_index for p in pieces if p.kind == "image"] == [0, 1, 2]
-    assert torch.equal(torch.cat([p.token_ids for p in pieces]), inputs["input_ids"][0])
+    assert [p.prompt_image for p in pieces if p.kind == "image"] == [0, 1, 2]
+    ids = inputs["input_ids"][0]
+    assert [p.begin for p in pieces] == [0] + [p.end for p in pieces[:-1]] and pieces[-1].end == len(ids)
 
 
 def test_layout_positions_equal_get_rope_index(tiny):

@@ -1,8 +1,8 @@
 """Prompts: a conversation rendered by the model's own chat template, cut into pieces and laid out in position
 space, with the token spans of its text items and field values."""
 
-from .blocks import LayoutBuilder, lay_out
-from .layout import PromptLayout, PromptPiece, SegmentAnchor, full_layout, layout_positions, split_prompt
+from .blocks import LayoutBuilder, full_layout, lay_out
+from .layout import PromptLayout, PromptPiece, SegmentAnchor, layout_positions, split_prompt
 from .render import RenderedPrompt, render_prompt
 
 __all__ = [

@@ -27,7 +27,8 @@ import bisect
 import hashlib
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,17 +37,10 @@ from ..errors import PromptTooLongError
 from ..messages import Message, TextItem
 from ..model.handle import ModelHandle
 from .chunks import is_separable, is_verbatim, templates_of
-from .layout import (
-    QUESTION_ITEM_ID,
-    PromptLayout,
-    PromptPiece,
-    SegmentAnchor,
-    check_tool_support,
-    full_layout,
-)
-from .message import Block, NotIncremental, generation_block, message_block
+from .layout import PromptLayout, PromptPiece, SegmentAnchor, check_tool_support, turn_messages
+from .message import Block, NotIncremental, generation_block, message_block, whole_block
 
-__all__ = ["Block", "LayoutBuilder", "lay_out"]
+__all__ = ["LayoutBuilder", "full_layout", "lay_out"]
 
 MAX_BLOCKS = 8192  # message blocks kept (LRU)
 MAX_ASSEMBLIES = 64  # turns' assemblies kept (LRU): a server's recent conversations
@@ -68,6 +62,68 @@ class _Assembly:
     positions: torch.Tensor  # (3, L)
     pieces: tuple[PromptPiece, ...]  # text runs (merged across messages) and images
     image_order: tuple[int, ...]  # conversation image index of each prompt image
+
+
+@dataclass
+class _Laid:
+    """Blocks laid out back to back while a turn is assembled (mutable; lists by message boundary have one entry
+    more than the blocks laid). A text run that touches the one before is merged with it."""
+
+    token_starts: list[int] = field(default_factory=lambda: [0])  # where each block starts (+ the end)
+    slot_starts: list[int] = field(
+        default_factory=lambda: [0]
+    )  # the position each block starts at (+ the end)
+    image_starts: list[int] = field(default_factory=lambda: [0])  # prompt images before each block (+ all)
+    ids: list[torch.Tensor] = field(default_factory=list)  # (n,) per block
+    positions: list[torch.Tensor] = field(default_factory=list)  # (3, n) per block, shifted
+    pieces: list[PromptPiece] = field(default_factory=list)  # in the prompt
+    order: list[int] = field(default_factory=list)  # conversation image index of each prompt image
+
+    @classmethod
+    def prefix_of(cls, assembly: _Assembly, count: int) -> _Laid:
+        """The first ``count`` messages of an earlier turn's ``assembly``, as laid out then."""
+        boundary = assembly.token_starts[count]
+        cut = bisect.bisect_right(assembly.pieces, boundary, key=lambda piece: piece.end)
+        pieces = list(assembly.pieces[:cut])
+        if cut < len(assembly.pieces) and assembly.pieces[cut].begin < boundary:  # a text run crossing it
+            crossing = assembly.pieces[cut]
+            pieces.append(replace(crossing, length=boundary - crossing.begin))
+        return cls(
+            list(assembly.token_starts[: count + 1]), list(assembly.slot_starts[: count + 1]),
+            list(assembly.image_starts[: count + 1]), [assembly.token_ids[:boundary]],
+            [assembly.positions[:, :boundary]], pieces, list(assembly.image_order[: assembly.image_starts[count]]),
+        )  # fmt: skip
+
+    def append(self, block: Block, shown: Sequence[int]) -> None:
+        """Lay ``block`` out after what is laid, its images (conversation indices ``shown``) numbered on."""
+        start, slot, first = self.token_starts[-1], self.slot_starts[-1], len(self.order)
+        self.ids.append(block.token_ids)
+        self.positions.append(block.positions + slot)
+        for piece in block.pieces:
+            piece = piece.shifted(start, first)
+            last = self.pieces[-1] if self.pieces else None
+            if piece.kind == "text" and last is not None and last.kind == "text" and last.end == piece.begin:
+                self.pieces[-1] = replace(last, length=last.length + piece.length)
+            else:
+                self.pieces.append(piece)
+        self.token_starts.append(start + block.num_tokens)
+        self.slot_starts.append(slot + block.num_slots)
+        self.order += shown
+        self.image_starts.append(len(self.order))
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(L,)`` ids and ``(3, L)`` positions of what is laid."""
+        if not self.ids:
+            return torch.zeros(0, dtype=torch.long), torch.zeros(3, 0, dtype=torch.long)
+        return torch.cat(self.ids), torch.cat(self.positions, dim=1)
+
+    def assembly(self, chain: tuple[bytes, ...], keys: tuple[bytes, ...]) -> _Assembly:
+        """What is laid, kept for later turns under the messages' ``chain`` and block ``keys``."""
+        ids, positions = self.tensors()
+        return _Assembly(
+            chain, keys, tuple(self.token_starts), tuple(self.slot_starts), tuple(self.image_starts), ids,
+            positions, tuple(self.pieces), tuple(self.order),
+        )  # fmt: skip
 
 
 class LayoutBuilder:
@@ -107,18 +163,15 @@ class LayoutBuilder:
         what is new. Changes nothing but this builder's caches. Raises ``UnsupportedInputError`` for tools the
         family cannot take."""
         check_tool_support(self.handle, conversation)
+        messages = turn_messages(conversation, question, history_start)
+        shown = _shown(messages, conversation.visible_images(window))
         if self.incremental:
             try:
                 with self._lock:
-                    return self._assemble(
-                        conversation, question, add_generation_prompt, window, trace, history_start
-                    )
+                    return self._assemble(conversation, messages, shown, add_generation_prompt, trace)
             except NotIncremental:
                 pass
-        return full_layout(
-            self.handle, conversation, question=question, add_generation_prompt=add_generation_prompt,
-            window=window, trace=trace, history_start=history_start,
-        )  # fmt: skip
+        return _whole_layout(self.handle, conversation, messages, shown, add_generation_prompt, trace)
 
     def build_within(
         self, budget: int | None, conversation: Conversation, *, history_start: int = 0, **options
@@ -138,17 +191,11 @@ class LayoutBuilder:
             layout = self.build(conversation, history_start=history_start, **options)
         return layout, history_start
 
-    def _assemble(self, conversation, question, add_generation_prompt, window, trace, history_start):
-        visible = conversation.visible_images(window)
-        messages = conversation.prompt_messages(history_start)
-        if question is not None:
-            item = TextItem(question, QUESTION_ITEM_ID)
-            if messages and messages[-1].role == "user":
-                messages[-1] = Message("user", (*messages[-1].items, item))
-            else:
-                messages.append(Message("user", (item,)))
+    def _assemble(self, conversation, messages, shown, add_generation_prompt, trace) -> PromptLayout:
+        """The layout from message blocks: the longest prefix an earlier turn laid out taken as it is, the rest
+        block by block after it, then the generation prompt. Raises ``NotIncremental`` (caches unchanged but
+        for blocks made) where a message cannot be a block."""
         # 1. every message's key, and the chained key of every prefix
-        shown = [tuple(i for i in m.image_indices if i in visible) for m in messages]
         keys, chain, link = [], [], b""
         for index, (message, images) in enumerate(zip(messages, shown, strict=True)):
             key = _message_key(message, index == 0, images, conversation)  # the first: with the tools
@@ -156,91 +203,31 @@ class LayoutBuilder:
             keys.append(key)
             chain.append(link)
         # 2. the longest prefix an earlier turn laid out already
-        same, previous = 0, None
+        laid, same = _Laid(), 0
         for count in range(len(messages), 0, -1):
             found = self._prefixes.get(chain[count - 1])
             if found is not None and found[0] in self._assemblies:
-                previous, same = self._assemblies[found[0]], found[1]
+                laid, same = _Laid.prefix_of(self._assemblies[found[0]], found[1]), found[1]
                 self._assemblies.move_to_end(found[0])
                 break
-        if previous is None:
-            token_starts, slot_starts, image_starts, ids, positions = [0], [0], [0], [], []
-            pieces: list = []
-            order: list[int] = []
-        else:
-            boundary = previous.token_starts[same]
-            token_starts = list(previous.token_starts[: same + 1])
-            slot_starts, image_starts = (
-                list(previous.slot_starts[: same + 1]),
-                list(previous.image_starts[: same + 1]),
-            )
-            ids, positions = [previous.token_ids[:boundary]], [previous.positions[:, :boundary]]
-            cut = bisect.bisect_right(previous.pieces, boundary, key=lambda piece: piece.end)
-            pieces = list(previous.pieces[:cut])
-            if cut < len(previous.pieces) and previous.pieces[cut].begin < boundary:  # a text run crossing it
-                crossing = previous.pieces[cut]
-                pieces.append(("text", crossing.begin, boundary - crossing.begin, None, None))
-            order = list(previous.image_order[: image_starts[-1]])
         # 3. the rest, block by block, after it
         blocks = {}
         for index in range(same, len(messages)):
-            block = blocks[index] = self._block(
-                messages[index], keys[index], index == 0, shown[index], conversation
-            )
-            _append_block(block, len(order), token_starts, slot_starts, ids, positions, pieces)
-            order += shown[index]
-            image_starts.append(len(order))
-        message_ids = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.long)
-        message_positions = torch.cat(positions, dim=1) if positions else torch.zeros(3, 0, dtype=torch.long)
-        pieces = _materialise(pieces, message_ids)
+            blocks[index] = self._block(messages[index], keys[index], index == 0, shown[index], conversation)
+            laid.append(blocks[index], shown[index])
         if same < len(messages):
-            self._remember(_Assembly(
-                tuple(chain), tuple(keys), tuple(token_starts), tuple(slot_starts), tuple(image_starts),
-                message_ids, message_positions, tuple(pieces), tuple(order),
-            ))  # fmt: skip
+            self._remember(laid.assembly(tuple(chain), tuple(keys)))
         # 4. the generation prompt, and the layout
-        token_ids, all_positions, all_pieces = message_ids, message_positions, list(pieces)
-        if add_generation_prompt:
-            generation = self._generation_block()
-            start = token_starts[-1]
-            token_ids = torch.cat([message_ids, generation.token_ids])
-            all_positions = torch.cat([message_positions, generation.positions + slot_starts[-1]], dim=1)
-            tail = [
-                (kind, begin + start, length, grid, None)
-                for kind, begin, length, grid, _ in generation.pieces
-            ]
-            if all_pieces and all_pieces[-1].kind == "text" and tail and tail[0][0] == "text":
-                last = all_pieces.pop()
-                tail[0] = ("text", last.begin, last.length + tail[0][2], None, None)
-            all_pieces += _materialise(tail, token_ids)
-        item_spans = field_spans = None
-        anchors: tuple[SegmentAnchor, ...] = ()
+        traced = []
         if trace:
-            item_spans, field_spans, found = {}, {}, []
             for index, message in enumerate(messages):
                 block = blocks.get(index) or self._block(
                     message, keys[index], index == 0, shown[index], conversation
                 )
-                start, items = token_starts[index], [i for i in message.items if isinstance(i, TextItem)]
-                item_spans |= {
-                    items[k].item_id: (b + start, e + start) for k, (b, e) in block.item_spans.items()
-                }
-                field_spans |= {k: (b + start, e + start) for k, (b, e) in block.field_spans.items()}
-                found += [
-                    SegmentAnchor(b + start, items[k].segment, items[k].seam) for b, k in block.segments
-                ]
-            anchors = tuple(found)
-        digests = tuple(conversation.images[i].digest for i in order)
-        return PromptLayout(
-            token_ids,
-            all_positions,
-            tuple(all_pieces),
-            tuple(order),
-            item_spans,
-            field_spans,
-            anchors,
-            digests,
-        )
+                traced.append((block, [message], laid.token_starts[index]))
+        if add_generation_prompt:
+            laid.append(self._generation_block(), ())
+        return _layout(conversation, laid, traced if trace else None)
 
     # ------------------------------------------------------------------------------------------------ caches
     def _block(
@@ -316,6 +303,61 @@ def _message_key(message: Message, first: bool, shown: tuple[int, ...], conversa
     return hashlib.blake2b(b"\x00".join(parts), digest_size=16).digest()
 
 
+def _shown(messages: Sequence[Message], visible) -> list[tuple[int, ...]]:
+    """Each message's images that show this turn (conversation indices, in order)."""
+    return [tuple(i for i in m.image_indices if i in visible) for m in messages]
+
+
+def _layout(conversation: Conversation, laid: _Laid, traced) -> PromptLayout:
+    """The ``PromptLayout`` of ``laid``; ``traced`` (or None: untraced): ``(block, the messages it covers, where
+    it starts)`` for every block holding text items, whose spans and segments the layout then carries (all
+    None when a block could not trace them)."""
+    token_ids, positions = laid.tensors()
+    item_spans = field_spans = None
+    anchors: list[SegmentAnchor] = []
+    if traced is not None and all(block.item_spans is not None for block, _, _ in traced):
+        item_spans, field_spans = {}, {}
+        for block, messages, start in traced:
+            items = [i for m in messages for i in m.items if isinstance(i, TextItem)]
+            item_spans |= {items[k].item_id: (b + start, e + start) for k, (b, e) in block.item_spans.items()}
+            field_spans |= {name: (b + start, e + start) for name, (b, e) in block.field_spans.items()}
+            anchors += [SegmentAnchor(b + start, items[k].segment, items[k].seam) for b, k in block.segments]
+    return PromptLayout(
+        token_ids, positions, tuple(laid.pieces), tuple(laid.order), item_spans, field_spans,
+        tuple(sorted(anchors, key=lambda a: a.begin)), tuple(conversation.images[i].digest for i in laid.order),
+    )  # fmt: skip
+
+
+def _whole_layout(handle, conversation, messages, shown, add_generation_prompt, trace) -> PromptLayout:
+    """The layout from one block covering the whole turn (``whole_block``), laid out as any block is."""
+    visible = [message.showing(images) for message, images in zip(messages, shown, strict=True)]
+    order = [i for images in shown for i in images]
+    grids = [conversation.images[i].grid for i in order]
+    block = whole_block(handle, visible, grids, add_generation_prompt, trace, conversation.tools_json)
+    laid = _Laid()
+    laid.append(block, order)
+    return _layout(conversation, laid, [(block, visible, 0)] if trace else None)
+
+
+def full_layout(
+    handle: ModelHandle,
+    conversation: Conversation,
+    *,
+    question: str | None = None,
+    add_generation_prompt: bool = True,
+    window: int | None = None,
+    trace: bool = False,
+    history_start: int = 0,
+) -> PromptLayout:
+    """``lay_out`` by rendering the whole turn at once, as one block (the path of templates that cannot be cut
+    into message blocks, and the reference the blocks are tested against). Changes nothing. Raises
+    ``UnsupportedInputError`` for tools the family cannot take (``check_tool_support``)."""
+    check_tool_support(handle, conversation)
+    messages = turn_messages(conversation, question, history_start)
+    shown = _shown(messages, conversation.visible_images(window))
+    return _whole_layout(handle, conversation, messages, shown, add_generation_prompt, trace)
+
+
 def lay_out(
     handle: ModelHandle,
     conversation: Conversation,
@@ -336,44 +378,3 @@ def lay_out(
         window=window,
         trace=trace,
     )
-
-
-def _append_block(block: Block, first_image: int, token_starts, slot_starts, ids, positions, pieces) -> None:
-    """Lay ``block`` out after what ``token_starts``/``slot_starts`` end at, its images numbered in the prompt
-    from ``first_image`` (mutates the lists; pieces as light tuples, a text run merged with the previous one
-    when they touch)."""
-    start, slot = token_starts[-1], slot_starts[-1]
-    ids.append(block.token_ids)
-    positions.append(block.positions + slot)
-    for kind, begin, length, grid, image in block.pieces:
-        begin += start
-        last = pieces[-1] if pieces else None
-        last_kind, last_begin, last_end = _span(last) if last is not None else (None, 0, 0)
-        if kind == "text" and last_kind == "text" and last_end == begin:
-            pieces[-1] = ("text", last_begin, begin + length - last_begin, None, None)
-        else:
-            pieces.append((kind, begin, length, grid, None if image is None else first_image + image))
-    token_starts.append(start + int(block.token_ids.shape[0]))
-    slot_starts.append(slot + block.num_slots)
-
-
-def _span(piece) -> tuple[str, int, int]:
-    """``(kind, begin, end)`` of a light tuple or a ``PromptPiece``."""
-    return (
-        (piece[0], piece[1], piece[1] + piece[2])
-        if isinstance(piece, tuple)
-        else (piece.kind, piece.begin, piece.end)
-    )
-
-
-def _materialise(pieces: list, ids: torch.Tensor) -> list[PromptPiece]:
-    """``pieces`` with every light tuple ``(kind, begin, length, grid, prompt image number)`` turned into a
-    ``PromptPiece`` (ids a view of ``ids``); ``PromptPiece`` s already made are kept as they are."""
-    out = []
-    for piece in pieces:
-        if not isinstance(piece, tuple):
-            out.append(piece)
-            continue
-        kind, begin, length, grid, number = piece
-        out.append(PromptPiece(kind, ids[begin : begin + length], number, grid, begin))
-    return out

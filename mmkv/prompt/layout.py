@@ -16,51 +16,58 @@ KV is cached); everything else is text. Positions equal the model's ``get_rope_i
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 
-from ..conversation import Conversation, ImageItem, Message, TextItem, grids_tensor
+from ..conversation import Conversation, Message, TextItem
 from ..errors import UnsupportedInputError
 from ..kv.segment import KVSegment
-from ..kv.spans import image_span, text_span
+from ..kv.spans import image_span
 from ..model.handle import ModelHandle
-from .render import render_prompt
 
-__all__ = ["PromptLayout", "PromptPiece", "SegmentAnchor", "full_layout", "layout_positions", "split_prompt"]
+__all__ = [
+    "QUESTION_ITEM_ID", "PromptLayout", "PromptPiece", "SegmentAnchor", "check_tool_support", "lay_out_ids",
+    "layout_positions", "split_prompt", "turn_messages",
+]  # fmt: skip
 
 QUESTION_ITEM_ID = -1  # item_id of the question joined to the prompt (its span is traced like any text)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True)
 class PromptPiece:
-    """One piece of a prompt."""
+    """One piece of a prompt, as a span: a text run, or one marker-wrapped image. The one piece record: a
+    message block's pieces (relative to the block), a layout's and a live cache's are all ``PromptPiece`` s; the
+    ids are the holder's (``PromptLayout.ids_of``)."""
 
     kind: Literal["text", "image"]  # a text run, or one marker-wrapped image
-    token_ids: torch.Tensor  # (L,) long
-    image_index: int | None  # which image of the prompt (0-based), for image pieces
-    grid_thw: tuple[int, int, int] | None  # the image's vision grid, for image pieces
-    begin: int = 0  # prompt index of its first token
+    begin: int  # index of its first token (in the prompt, or in its block)
+    length: int  # tokens in the piece
+    prompt_image: int | None = None  # image pieces: which image of the prompt (0-based, in prompt order)
+    grid_thw: tuple[int, int, int] | None = None  # image pieces: the image's vision grid
 
-    @functools.cached_property
-    def length(self) -> int:
-        """Tokens in the piece."""
-        return int(self.token_ids.shape[0])
-
-    @functools.cached_property
+    @property
     def end(self) -> int:
-        """Prompt index after its last token."""
+        """Index after its last token."""
         return self.begin + self.length
+
+    def shifted(self, tokens: int, images: int = 0) -> PromptPiece:
+        """The piece ``tokens`` later, its image number ``images`` higher (a block laid out in a prompt).
+
+        >>> PromptPiece("image", 1, 8, 0, (1, 4, 4)).shifted(10, 2)
+        PromptPiece(kind='image', begin=11, length=8, prompt_image=2, grid_thw=(1, 4, 4))
+        """
+        number = None if self.prompt_image is None else self.prompt_image + images
+        return replace(self, begin=self.begin + tokens, prompt_image=number)
 
 
 def split_prompt(
-    handle: ModelHandle, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None
+    handle: ModelHandle, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | Sequence | None
 ) -> list[PromptPiece]:
-    """Cut ``input_ids`` (``(L,)`` or ``(1, L)``) into text and image pieces, in order; concatenating the pieces'
-    ids gives ``input_ids`` back. Raises ``ValueError`` when the pads do not match ``image_grid_thw``.
+    """Cut ``input_ids`` (``(L,)`` or ``(1, L)``) into text and image pieces, in order, tiling ``[0, L)``; the
+    ``k``-th image is grid ``image_grid_thw[k]``. Raises ``ValueError`` when the pads do not match the grids.
 
     A ``<|vision_start|>`` not followed by a pad (a video, literal text) stays text. The checks are vectorised:
     a prompt with many images costs a few tensor operations, not a loop of them."""
@@ -93,31 +100,63 @@ def split_prompt(
             )
     pieces: list[PromptPiece] = []
     cursor = 0
-    for image_index, (start, count) in enumerate(zip(starts.tolist(), counts, strict=True)):
+    for number, (start, count) in enumerate(zip(starts.tolist(), counts, strict=True)):
         if start > cursor:
-            pieces.append(PromptPiece("text", ids[cursor:start], None, None, cursor))
-        end = start + count + 2
-        pieces.append(PromptPiece("image", ids[start:end], image_index, grids[image_index], start))
-        cursor = end
+            pieces.append(PromptPiece("text", cursor, start - cursor))
+        pieces.append(PromptPiece("image", start, count + 2, number, grids[number]))
+        cursor = start + count + 2
     if cursor < n:
-        pieces.append(PromptPiece("text", ids[cursor:], None, None, cursor))
+        pieces.append(PromptPiece("text", cursor, n - cursor))
     return pieces
 
 
 def layout_positions(
     handle: ModelHandle, pieces: Sequence[PromptPiece], start: int = 0
 ) -> list[torch.Tensor]:
-    """The ``(3, L)`` position ids of each piece when laid out back to back from ``start``."""
+    """The ``(3, length)`` position ids of each piece when laid out back to back from ``start``."""
+    return _positions(handle, pieces, start)[0]
+
+
+def lay_out_ids(
+    handle: ModelHandle, token_ids: torch.Tensor, grids: Sequence | torch.Tensor | None
+) -> tuple[tuple[PromptPiece, ...], torch.Tensor, int]:
+    """``token_ids`` (``(n,)``, its images' pads expanded for ``grids``) laid out from position 0: its pieces, its
+    ``(3, n)`` positions, and the position slots it occupies (what follows starts there). The one layout rule
+    a message block and a whole rendering share. Raises ``ValueError`` as ``split_prompt`` does."""
+    pieces = split_prompt(handle, token_ids, grids)
+    parts, slots = _positions(handle, pieces, 0)
+    positions = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
+    return tuple(pieces), positions, slots
+
+
+def _positions(
+    handle: ModelHandle, pieces: Sequence[PromptPiece], start: int
+) -> tuple[list[torch.Tensor], int]:
+    """Each piece's ``(3, length)`` positions from ``start``, and the position after the last piece."""
     positions, position = [], start
     for piece in pieces:
         if piece.kind == "image":
             _, pos = image_span(handle, piece.grid_thw, position)
             position += handle.position_rule.image_slots(piece.grid_thw) + 2
         else:
-            _, pos = text_span(piece.token_ids, position)
+            pos = torch.arange(position, position + piece.length, dtype=torch.long).expand(3, -1).clone()
             position += piece.length
         positions.append(pos)
-    return positions
+    return positions, position
+
+
+def turn_messages(conversation: Conversation, question: str | None, history_start: int = 0) -> list[Message]:
+    """The messages a turn renders: the conversation's from ``history_start`` on (pinned ones kept), and
+    ``question`` (if given) joined to the last message when it is the user's, else as a new user message (its
+    item id ``QUESTION_ITEM_ID``). Changes nothing."""
+    messages = conversation.prompt_messages(history_start)
+    if question is not None:
+        item = TextItem(question, QUESTION_ITEM_ID)
+        if messages and messages[-1].role == "user":
+            messages[-1] = Message("user", (*messages[-1].items, item))
+        else:
+            messages.append(Message("user", (item,)))
+    return messages
 
 
 @dataclass(frozen=True)
@@ -165,14 +204,18 @@ class PromptLayout:
         """Position slots the prompt occupies (its largest position + 1; 0 when empty)."""
         return int(self.positions.max()) + 1 if self.num_tokens else 0
 
+    def ids_of(self, piece: PromptPiece) -> torch.Tensor:
+        """``(length,)``: the ids of one of this layout's pieces (a view)."""
+        return self.token_ids[piece.begin : piece.end]
+
     def digest_of(self, piece: PromptPiece) -> str:
         """The content digest of an image piece's image."""
-        return self.image_digests[piece.image_index]
+        return self.image_digests[piece.prompt_image]
 
     def image_of(self, piece: PromptPiece) -> int:
         """The conversation image index of an image piece."""
-        assert piece.kind == "image" and piece.image_index is not None
-        return self.image_order[piece.image_index]
+        assert piece.kind == "image" and piece.prompt_image is not None
+        return self.image_order[piece.prompt_image]
 
 
 def check_tool_support(handle: ModelHandle, conversation: Conversation) -> None:
@@ -183,58 +226,3 @@ def check_tool_support(handle: ModelHandle, conversation: Conversation) -> None:
             f"{handle.family.label} checkpoints: mmkv does not read this family's tool-call format yet, so it "
             f"cannot take tools, tool calls or tool messages; send the conversation without them"
         )
-
-
-def full_layout(
-    handle: ModelHandle,
-    conversation: Conversation,
-    *,
-    question: str | None = None,
-    add_generation_prompt: bool = True,
-    window: int | None = None,
-    trace: bool = False,
-    history_start: int = 0,
-) -> PromptLayout:
-    """``lay_out`` by rendering the whole conversation at once (the reference, and the path for chat templates
-    that do not render message by message). Changes nothing. Raises ``UnsupportedInputError`` for tools the
-    family cannot take (``check_tool_support``)."""
-    check_tool_support(handle, conversation)
-    visible = set(conversation.visible_images(window))
-    messages = [m.showing(visible) for m in conversation.prompt_messages(history_start)]
-    if question is not None:
-        item = TextItem(question, QUESTION_ITEM_ID)
-        if messages and messages[-1].role == "user":
-            messages[-1] = Message("user", (*messages[-1].items, item))
-        else:
-            messages.append(Message("user", (item,)))
-    order = tuple(i.image_index for m in messages for i in m.items if isinstance(i, ImageItem))
-    grids = grids_tensor(conversation.images, list(order))  # (N, 3), computed once per turn
-    rendered = render_prompt(
-        handle.processor, messages, grids, add_generation_prompt, trace, conversation.tools_json
-    )
-    pieces = tuple(split_prompt(handle, rendered.token_ids, grids))
-    positions = (
-        torch.cat(layout_positions(handle, pieces), dim=1) if pieces else torch.zeros(3, 0, dtype=torch.long)
-    )
-    anchors: list[SegmentAnchor] = []
-    if rendered.item_spans is not None:
-        for message in messages:
-            for item in message.items:
-                if (
-                    isinstance(item, TextItem)
-                    and item.segment is not None
-                    and item.item_id in rendered.item_spans
-                ):
-                    begin, end = rendered.item_spans[item.item_id]
-                    if torch.equal(rendered.token_ids[begin:end], item.segment.token_ids):
-                        anchors.append(SegmentAnchor(begin, item.segment, item.seam))
-    return PromptLayout(
-        rendered.token_ids,
-        positions,
-        pieces,
-        order,
-        rendered.item_spans,
-        rendered.field_spans,
-        tuple(sorted(anchors, key=lambda a: a.begin)),
-        tuple(conversation.images[i].digest for i in order),
-    )

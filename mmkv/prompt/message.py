@@ -12,29 +12,37 @@ from dataclasses import dataclass
 
 import torch
 
-from ..kv.spans import image_span, text_span
 from ..messages import Message, TextItem
 from ..model.handle import ModelHandle
 from .chunks import Templates
-from .render import _control_pattern, collect_spans, encode_parts, split_marked
+from .layout import PromptPiece, lay_out_ids
+from .render import collect_spans, encode_parts, render_prompt, split_marked, starts_with_added_token
 from .views import render_views, tool_views
 
-__all__ = ["Block", "NotIncremental", "generation_block", "message_block"]
+__all__ = ["Block", "NotIncremental", "generation_block", "message_block", "whole_block"]
 
 
 @dataclass(frozen=True, eq=False)
 class Block:
-    """One message's share of a prompt, laid out from position 0."""
+    """One message's share of a prompt (or a whole turn's, for a template that cannot be cut into messages),
+    laid out from position 0. Its text items are numbered in order over the messages it covers (``k``)."""
 
     token_ids: torch.Tensor  # (n,) long
     positions: torch.Tensor  # (3, n) long, relative to the block's first position
     num_slots: int  # position slots it occupies (the next block starts this much later)
-    pieces: tuple[tuple, ...]  # (kind, begin relative, length, grid, k: its k-th shown image) per piece
-    num_images: int  # images it shows
-    item_spans: dict[int, tuple[int, int]]  # k -> token span of its k-th text item, relative
-    field_spans: dict[str, tuple[int, int]]  # field -> token span of its value, relative
+    pieces: tuple[PromptPiece, ...]  # relative to the block; prompt_image k: its k-th shown image
+    item_spans: dict[int, tuple[int, int]] | None  # k -> token span of its k-th text item, relative (None:
+    # not traced, or the template rewrites text so spans are unknown)
+    field_spans: (
+        dict[str, tuple[int, int]] | None
+    )  # field -> token span of its value, relative (None likewise)
     segments: tuple[tuple[int, int], ...]  # (begin relative, k) of each precompiled segment held exactly by
     # its k-th text item
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the block."""
+        return int(self.token_ids.shape[0])
 
 
 class NotIncremental(Exception):
@@ -46,11 +54,11 @@ def generation_block(handle: ModelHandle, suffix: str) -> Block:
     """The block of the generation prompt (``suffix``, e.g. ``<|im_start|>assistant``)."""
     _check_starts_with_control(handle, suffix)
     ids, _ = encode_parts(handle.processor, [(suffix, True)])
-    return _layout_block(handle, ids, (), ({}, {}), ())
+    return _layout_block(handle, ids, (), [], {}, {}, NotIncremental)
 
 
 def _check_starts_with_control(handle: ModelHandle, text: str) -> None:
-    if text and not _control_pattern(handle.processor).match(text):
+    if text and not starts_with_added_token(handle.processor, text):
         raise NotIncremental
 
 
@@ -80,44 +88,54 @@ def message_block(
     counts = [handle.position_rule.num_image_tokens(grid) for grid in grids]
     ids, spans = encode_parts(handle.processor, parts, offsets=True, pad_counts=counts)
     by_id, field_spans = collect_spans(tags, spans)
-    texts = [i for i in message.items if isinstance(i, TextItem)]
-    ordinal = {item.item_id: k for k, item in enumerate(texts)}
-    item_spans = {ordinal[item_id]: span for item_id, span in by_id.items() if item_id in ordinal}
-    anchors = []
-    for k, item in enumerate(texts):
-        if item.segment is not None and k in item_spans:
-            begin, end = item_spans[k]
-            if torch.equal(ids[begin:end], item.segment.token_ids):
-                anchors.append((begin, k))
-    return _layout_block(handle, ids, tuple(grids), (item_spans, field_spans), tuple(anchors))
+    return _layout_block(handle, ids, tuple(grids), [message], by_id, field_spans, NotIncremental)
 
 
-def _layout_block(handle: ModelHandle, ids, grids, spans, anchors) -> Block:
-    """The block of ``ids`` (its images, of ``grids``, already expanded): pieces and positions from 0, laid out
-    directly (each image's pad run is where its markers say)."""
-    proc, n = handle.processor, int(ids.shape[0])
-    pieces, parts, cursor, position = [], [], 0, 0
-    if grids:
-        is_pad = ids == proc.image_token_id
-        runs = (is_pad & ~torch.cat([is_pad.new_zeros(1), is_pad[:-1]])).nonzero().flatten().tolist()
-        if len(runs) != len(grids):
-            raise NotIncremental
-        for image, (first_pad, grid) in enumerate(zip(runs, grids, strict=True)):
-            begin, span_ids, span_positions = first_pad - 1, *image_span(handle, grid, 0)
-            end = begin + int(span_ids.shape[0])
-            if begin < cursor or end > n or not torch.equal(ids[begin:end], span_ids):
-                raise NotIncremental  # markers or pad count not as the image's grid says
-            if begin > cursor:
-                pieces.append(("text", cursor, begin - cursor, None, None))
-                parts.append(text_span(ids[cursor:begin], position)[1])
-                position += begin - cursor
-            pieces.append(("image", begin, end - begin, grid, image))
-            parts.append(span_positions + position)
-            position += handle.position_rule.image_slots(grid) + 2
-            cursor = end
-    if cursor < n:
-        pieces.append(("text", cursor, n - cursor, None, None))
-        parts.append(text_span(ids[cursor:], position)[1])
-        position += n - cursor
-    positions = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
-    return Block(ids, positions, position, tuple(pieces), len(grids), spans[0], spans[1], anchors)
+def whole_block(
+    handle: ModelHandle, messages: list[Message], grids: list, add_generation_prompt: bool, trace: bool,
+    tools_json: str = "",
+) -> Block:  # fmt: skip
+    """One block covering a whole turn: ``messages`` (their shown images of ``grids``, in order) and, with
+    ``add_generation_prompt``, the generation prompt, rendered at once (the path for templates that cannot be
+    cut into message blocks, and the reference the blocks are tested against). ``ValueError`` when the
+    rendering's pads do not match the grids; changes nothing."""
+    rendered = render_prompt(
+        handle.processor, messages, _grids_tensor(grids), add_generation_prompt, trace, tools_json
+    )
+    return _layout_block(
+        handle,
+        rendered.token_ids,
+        tuple(grids),
+        messages,
+        rendered.item_spans,
+        rendered.field_spans,
+        ValueError,
+    )
+
+
+def _grids_tensor(grids: list) -> torch.Tensor:
+    """``(N, 3)`` long from a list of ``(t, h, w)`` grids."""
+    return torch.tensor(list(grids), dtype=torch.long).reshape(-1, 3)
+
+
+def _layout_block(handle: ModelHandle, ids, grids, messages, by_id, field_spans, failure) -> Block:
+    """The block of ``ids`` (its images, of ``grids``, already expanded) covering ``messages``: pieces and positions
+    from 0, its text items' spans (``by_id``: item id -> span, or None) by their number ``k`` among the messages'
+    text items, and the precompiled segments it holds exactly. Raises ``failure`` when the pads are not where
+    the grids say."""
+    try:
+        pieces, positions, slots = lay_out_ids(handle, ids, grids)
+    except ValueError as exc:
+        raise failure(str(exc)) from None
+    item_spans = anchors = None
+    if by_id is not None:
+        texts = [i for m in messages for i in m.items if isinstance(i, TextItem)]
+        ordinal = {item.item_id: k for k, item in enumerate(texts)}
+        item_spans = {ordinal[item_id]: span for item_id, span in by_id.items() if item_id in ordinal}
+        anchors = []
+        for k, item in enumerate(texts):
+            if item.segment is not None and k in item_spans:
+                begin, end = item_spans[k]
+                if torch.equal(ids[begin:end], item.segment.token_ids):
+                    anchors.append((begin, k))
+    return Block(ids, positions, slots, pieces, item_spans, field_spans, tuple(anchors or ()))

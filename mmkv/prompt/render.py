@@ -55,6 +55,7 @@ __all__ = [
     "is_control_token",
     "render_prompt",
     "split_marked",
+    "starts_with_added_token",
 ]
 
 
@@ -139,9 +140,10 @@ def _plain_backend(backend, control: set[str]):
     return plain
 
 
-def _control_pattern(processor) -> re.Pattern:
-    """A regex matching any added token of the processor's tokenizer (longest first)."""
-    return _facts(processor).control
+def starts_with_added_token(processor, text: str) -> bool:
+    """Whether ``text`` begins with an added token of the processor's tokenizer (which the tokenizer splits on
+    first), so that no tokenisation crosses from what comes before into it."""
+    return _facts(processor).control.match(text) is not None
 
 
 def control_token_ids(processor) -> frozenset[int]:

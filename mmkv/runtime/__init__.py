@@ -21,7 +21,7 @@ from .decode import (
     vision_token_ids,
 )
 from .execute import attention_mask, drain, execute, execute_steps, replace_span, resolve_features
-from .live import LiveCache, LivePiece
+from .live import LiveCache
 from .patch import PatchStore, SegmentPatch, fit_patch
 from .plan import (
     FeatureSlice,
@@ -62,7 +62,6 @@ __all__ = [
     "FeatureSlice",
     "ImageReuse",
     "LiveCache",
-    "LivePiece",
     "Plan",
     "ReusePolicy",
     "Sampling",

@@ -23,8 +23,7 @@ import contextlib
 import copy
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import replace
 
 import torch
 from transformers import DynamicCache
@@ -34,23 +33,9 @@ from ..kv.prefill import PrefillResult, new_cache, prefill_span
 from ..kv.segment import KVSegment, SegmentKind, append_to_cache, reorder_cache, segment_from_cache
 from ..kv.vision import ImageFeatures
 from ..model.handle import ModelHandle
-from ..prompt.layout import PromptLayout
+from ..prompt.layout import PromptLayout, PromptPiece
 
-__all__ = ["LiveCache", "LivePiece"]
-
-
-@dataclass(frozen=True)
-class LivePiece:
-    """A piece of the prompt whose KV sits in the live cache."""
-
-    kind: Literal["text", "image"]
-    begin: int  # first cache entry
-    end: int  # entry after its last one
-
-    @property
-    def length(self) -> int:
-        """Entries in the piece."""
-        return self.end - self.begin
+__all__ = ["LiveCache"]
 
 
 class LiveCache:
@@ -65,7 +50,7 @@ class LiveCache:
         self.cache: DynamicCache = new_cache(self.handle)
         self.token_ids = torch.zeros(0, dtype=torch.long)  # (N,) id of every entry
         self.positions = torch.zeros(3, 0, dtype=torch.long)  # (3, N) position of every entry
-        self.pieces: tuple = ()  # pieces of the held prompt, in order: objects with kind, begin, end
+        self.pieces: tuple[PromptPiece, ...] = ()  # pieces of the held prompt, in order
         self.image_digests: dict[int, str] = {}  # first entry of each held image -> its content digest
         self.prompt_tokens = 0  # entries of the last prompt recorded (the rest: decoded tokens)
         self.forward_seconds = 0.0  # time spent in the model's forward building this cache (a running total)
@@ -195,7 +180,10 @@ class LiveCache:
                 for k, v in layers]  # fmt: skip
 
     def take_decoded(
-        self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]], token_ids: torch.Tensor, positions: torch.Tensor
+        self,
+        layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
     ) -> None:
         """Say that decoded tokens ``token_ids`` (``(n,)``) at ``positions`` (``(3, n)``) were computed elsewhere
         (a batched decode step): ``layers`` (per layer ``(keys, values)``, ``(1, kv_heads, num_tokens + n, D)``:
@@ -267,7 +255,7 @@ class LiveCache:
         """Say that the cache now holds exactly ``layout``'s prompt (called once its KV is in place)."""
         assert self.cache.get_seq_length() == layout.num_tokens, "the cache does not hold the whole prompt"
         self.token_ids, self.positions = layout.token_ids.clone(), layout.positions.clone()
-        self.pieces = layout.pieces  # (kind, begin, end) of each: PromptPiece serves as a live piece
+        self.pieces = layout.pieces
         self.image_digests = {p.begin: layout.digest_of(p) for p in layout.pieces if p.kind == "image"}
         self.prompt_tokens = layout.num_tokens
 
@@ -279,7 +267,7 @@ class LiveCache:
         assert self.cache.get_seq_length() == self.num_tokens, "cache and bookkeeping disagree"
         if self.pieces:
             last = self.pieces[-1]
-            self.pieces = (*self.pieces[:-1], LivePiece(last.kind, last.begin, self.num_tokens))
+            self.pieces = (*self.pieces[:-1], replace(last, length=self.num_tokens - last.begin))
 
     @property
     def next_position(self) -> int:

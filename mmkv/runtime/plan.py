@@ -216,7 +216,7 @@ def plan_turn(
     anchors = layout.segments if policy.splices_kv else ()
     first = bisect.bisect_right(layout.pieces, keep, key=lambda piece: piece.end)  # pieces wholly kept
     live_images = next(
-        (p.image_index for p in layout.pieces[first:] if p.kind == "image"), len(layout.image_order)
+        (p.prompt_image for p in layout.pieces[first:] if p.kind == "image"), len(layout.image_order)
     )
     for index in layout.image_order[:live_images]:
         builder.images.append(ImageReuse(index, images[index].digest, "live"))

@@ -36,10 +36,10 @@ def _layout(spec: list, segments: tuple[SegmentAnchor, ...] = ()) -> PromptLayou
     for entry in spec:
         if entry[0] == "text":
             piece_ids = [TEXT] * entry[1]
-            pieces.append(PromptPiece("text", torch.tensor(piece_ids), None, None, cursor))
+            pieces.append(PromptPiece("text", cursor, len(piece_ids)))
         else:
             piece_ids = [START] + [PAD] * entry[1] + [END]
-            pieces.append(PromptPiece("image", torch.tensor(piece_ids), len(order), (1, 4, 4), cursor))
+            pieces.append(PromptPiece("image", cursor, len(piece_ids), len(order), (1, 4, 4)))
             order.append(entry[2])
         ids += piece_ids
         cursor += len(piece_ids)
