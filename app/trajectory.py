@@ -110,7 +110,9 @@ _SCENES = {
 
 def write_example_images() -> list[Path]:
     """(Re)draw every example image under ``app/examples/`` with ``evals.tasks``; returns their paths."""
-    from evals.tasks import _Object, render_panel, render_scene
+    from evals.pictures import render_scene
+    from evals.tasks import _Object
+    from mmkv.synthetic import render_panel
 
     EXAMPLES_DIR.mkdir(parents=True, exist_ok=True)
     rng = random.Random(_PANEL_SEED)

@@ -44,7 +44,7 @@ import torch
 import mmkv
 from bench.models import add_model_arguments, load_model, model_arguments
 from bench.timing import interleave
-from evals.compose import make_preamble
+from evals.preambles import make_preamble
 from mmkv.cache import KVStore
 
 SYSTEM = "You are an agent. The user's notes follow."

@@ -76,20 +76,12 @@ from evals.report import (  # noqa: E402
     script_main,
     write_results,
 )
-from evals.tasks import (  # noqa: E402
-    AGENTIC_FIELD,
-    AGENTIC_QUESTION,
-    Sample,
-    add_turns,
-    normalise_answer,
-)
+from evals.sample import Sample  # noqa: E402
+from evals.tasks import AGENTIC_FIELD, AGENTIC_QUESTION, add_turns, normalise_answer  # noqa: E402
 from mmkv.cli import HelpFormatter  # noqa: E402
 from mmkv.runtime.patch import fit_patch  # noqa: E402
 
-__all__ = [
-    "KINDS", "STYLES", "aggregate", "arm_names", "compose_samples", "make_preamble", "repair_arm", "run",
-    "score_sample",
-]  # fmt: skip
+__all__ = ["KINDS", "aggregate", "arm_names", "compose_samples", "repair_arm", "run", "score_sample"]
 
 KINDS = ("full", "splice", "no-rotate", "repair", "patch", "erratum", "suffix")
 EDIT_SEAM = 1  # the seam of the edit arms' splice

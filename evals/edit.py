@@ -46,11 +46,11 @@ from evals.report import (  # noqa: E402
     script_main,
     write_results,
 )
+from evals.sample import Sample  # noqa: E402
 from evals.tasks import (  # noqa: E402
     AGENTIC_FIELD,
     AGENTIC_POLICY,
     AGENTIC_QUESTION,
-    Sample,
     add_turns,
     iter_samples,
     normalise_answer,

@@ -33,34 +33,26 @@ from PIL import Image
 
 from evals.multihop import multihop
 from evals.pictures import (
-    SHAPES,
     SceneObject,
     panel_in_split,
     random_objects,
-    render_scene,
     scene_in_split,
 )
 from evals.sample import Generated, Sample, Turn
-from mmkv.synthetic import COLOURS, Split, render_panel
+from mmkv.synthetic import Split
 
 __all__ = [
     "AGENTIC_FIELD",
     "AGENTIC_POLICY",
     "AGENTIC_QUESTION",
     "CATEGORIES",
-    "COLOURS",
-    "SHAPES",
     "TRAINING_CATEGORIES",
-    "Sample",
-    "Turn",
     "add_turns",
     "agentic_answer",
     "iter_samples",
     "load_jsonl",
     "make_samples",
     "normalise_answer",
-    "render_panel",
-    "render_scene",
     "sample_session",
 ]
 

@@ -62,7 +62,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import mmkv  # noqa: E402
 from evals.baselines import DELTA, attach_reference, mark_chance  # noqa: E402
 from evals.report import VQA_METRICS, cells, default_out, script_main, vqa_markdown, vqa_plot, write_results  # noqa: E402
-from evals.tasks import CATEGORIES, Sample, load_jsonl, make_samples, normalise_answer, sample_session  # noqa: E402
+from evals.sample import Sample  # noqa: E402
+from evals.tasks import CATEGORIES, load_jsonl, make_samples, normalise_answer, sample_session  # noqa: E402
 from mmkv.cache import EncoderStore, KVStore  # noqa: E402
 from mmkv.cli import HelpFormatter  # noqa: E402
 

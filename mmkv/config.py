@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 
 from .cache import EncoderStore, KVStore
-from .conversation import check_text
 from .errors import StoreMismatchError
 from .images import DEFAULT_MAX_PIXELS
+from .messages import check_text
 from .runtime import ReusePolicy, Sampling, TurnPolicy
 
 __all__ = ["SessionConfig", "check_int", "check_question", "check_sampling", "check_stores"]

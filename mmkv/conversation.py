@@ -32,7 +32,6 @@ import torch
 
 from .fields import fill_template, validate_fields
 from .messages import (
-    ROLE_NAME,
     ConversationImage,
     ImageItem,
     Item,
@@ -47,19 +46,7 @@ from .toolcalls import ArgumentsPiece, CallStart, ToolCallStream
 if TYPE_CHECKING:
     from .kv.segment import KVSegment
 
-__all__ = [
-    "ROLE_NAME",
-    "check_role",
-    "check_text",
-    "Conversation",
-    "ConversationImage",
-    "ConversationState",
-    "ImageItem",
-    "Item",
-    "Message",
-    "TextItem",
-    "ToolCall",
-]
+__all__ = ["Conversation", "ConversationState"]
 
 
 @dataclass(frozen=True)

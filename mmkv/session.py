@@ -3,8 +3,7 @@
 A thin facade over a ``Conversation`` (what was said), a ``LiveCache`` (the KV held now) and, per turn,
 ``TurnSources`` (the stores): a turn lays the conversation out (``LayoutBuilder``) and runs its one sequence
 through the engine the server uses (``mmkv.engine``: matching prefix, plan, one forward call, store writes,
-then decoding). A failed turn leaves the conversation
-as it was and the live cache empty.
+then decoding). A failed turn leaves the conversation as it was and the live cache empty.
 """
 
 from __future__ import annotations
@@ -20,11 +19,12 @@ import torch
 from .cache import EncoderStore, ImageDigest, KVStore
 from .cache.memory import MemoryTier
 from .config import SessionConfig, check_int, check_question, check_sampling, check_stores
-from .conversation import Conversation, ConversationImage, ToolCall
+from .conversation import Conversation
 from .engine import Delta, Done, First, Request, run_alone
 from .images import ImageSource
 from .kv import KVSegment
 from .kv.vision import ImageFeatures
+from .messages import ConversationImage, ToolCall
 from .model.handle import ModelHandle
 from .prompt.blocks import LayoutBuilder
 from .prompt.layout import PromptLayout

@@ -1,5 +1,5 @@
 """The package's shape: no import cycle (lazy imports and package __init__ files count), modules of bounded size,
-a thin Session."""
+a thin Session, and every name imported from the module that defines it (only a package's ``__init__`` re-exports)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mmkv"
+REPO = PACKAGE.parent
+# The project's importable trees: a name any of them imports from one of them must come from its defining module.
+TREES = ("mmkv", "evals", "app", "bench", "training", "tests", "examples")
 
 
 def _module_name(path: Path) -> str:
@@ -87,3 +90,81 @@ def test_modules_stay_small_and_session_thin():
     assert sizes["session.py"] <= 300, sizes["session.py"]
     too_long = {name: n for name, n in sizes.items() if n > 400}
     assert not too_long, too_long
+
+
+def _defined_names(tree: ast.Module) -> set[str]:
+    """The names a module binds itself at top level (functions, classes, assignments, also under if/try); the
+    names it only imports are not among them."""
+    names: set[str] = set()
+    for node in tree.body:
+        for inner in ast.walk(node) if isinstance(node, (ast.If, ast.Try)) else (node,):
+            if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(inner.name)
+            elif isinstance(inner, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = inner.targets if isinstance(inner, ast.Assign) else [inner.target]
+                names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+    return names
+
+
+def _re_exports(sources: dict[str, tuple[bool, str]]) -> list[str]:
+    """Every import of a name from a module that does not define it, and every ``__all__`` entry a module does not
+    define, among ``sources`` (module name -> (is a package __init__, source text)). A package's ``__init__`` may
+    re-export; an imported submodule (``from pkg import mod``) is not a re-export."""
+    trees = {name: ast.parse(text) for name, (_, text) in sources.items()}
+    defined = {name: _defined_names(tree) for name, tree in trees.items()}
+    found = []
+    for name, tree in trees.items():
+        is_package = sources[name][0]
+        package = name if is_package else name.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                if base not in sources or sources[base][0]:
+                    continue
+                for alias in node.names:
+                    if alias.name not in defined[base] and f"{base}.{alias.name}" not in sources:
+                        found.append(f"{name}:{node.lineno} imports {alias.name} from {base}, which only imports it")
+            elif isinstance(node, ast.Assign) and not is_package and node in tree.body:
+                if any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+                    listed = [e.value for e in getattr(node.value, "elts", ()) if isinstance(e, ast.Constant)]
+                    found += [f"{name}.__all__ lists {x}, defined elsewhere" for x in listed if x not in defined[name]]
+    return sorted(found)
+
+
+def _project_sources() -> dict[str, tuple[bool, str]]:
+    sources = {}
+    for tree in TREES:
+        for path in (REPO / tree).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            is_package = parts[-1] == "__init__"
+            sources[".".join(parts[:-1] if is_package else parts)] = (is_package, path.read_text())
+    return sources
+
+
+def test_names_come_from_the_module_that_defines_them():
+    """Across mmkv, the evals, the app, the benchmarks, training and the tests, a name imported from a module is
+    defined there, and a module's ``__all__`` lists only its own names; only a package ``__init__`` re-exports."""
+    sources = _project_sources()
+    assert {"mmkv.session", "evals.tasks", "tests.test_architecture"} <= sources.keys()
+    assert _re_exports(sources) == []
+
+
+def test_the_re_export_finder_finds_each_form():
+    """The checker itself: a name imported through a module that only imports it (absolute and relative), and an
+    ``__all__`` naming a foreign name, are reported; a package ``__init__`` and a submodule import are not."""
+    sources = {
+        "p": (True, "from .a import A\n"),
+        "p.a": (False, "A = 1\n"),
+        "p.b": (False, "from .a import A\n__all__ = ['A', 'B']\nB = 2\n"),
+        "p.c": (False, "from p.b import A, B\nfrom .b import A as C\nfrom p import A\nfrom p import a\n"),
+        "p.d": (False, "try:\n    import x\n    D = 1\nexcept ImportError:\n    D = 0\n"),
+        "p.e": (False, "from p.d import D\n"),
+    }
+    assert _re_exports(sources) == [
+        "p.b.__all__ lists A, defined elsewhere",
+        "p.c:1 imports A from p.b, which only imports it",
+        "p.c:2 imports A from p.b, which only imports it",
+    ]

@@ -165,7 +165,8 @@ def _resent(tiny, turns: int, window: int, agent: int = 0) -> list[mmkv.conversa
     """What a server builds from an agent's requests: a new ``Conversation`` per request holding the whole
     history again (new message objects, the same content), the last ``window`` screenshots kept."""
     from mmkv.cache import image_digest
-    from mmkv.conversation import Conversation, ConversationImage
+    from mmkv.conversation import Conversation
+    from mmkv.messages import ConversationImage
 
     shots = []
     for t in range(turns):

@@ -18,7 +18,8 @@ from tokenizers import AddedToken, Tokenizer
 from transformers import PreTrainedTokenizerFast
 
 import mmkv
-from mmkv.conversation import Conversation, ToolCall
+from mmkv.conversation import Conversation
+from mmkv.messages import ToolCall
 from mmkv.model.processor import VLProcessor
 from mmkv.prompt import LayoutBuilder, full_layout
 from mmkv.prompt.render import control_token_ids, is_control_token

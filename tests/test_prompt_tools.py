@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from mmkv.cache import image_digest
-from mmkv.conversation import Conversation, ConversationImage, ToolCall
+from mmkv.conversation import Conversation
+from mmkv.messages import ConversationImage, ToolCall
 from mmkv.prompt import LayoutBuilder, full_layout
 from mmkv.prompt.chunks import is_separable, is_verbatim
 from tests.conftest import random_image

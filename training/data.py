@@ -18,7 +18,8 @@ import random
 
 import torch
 
-from evals.tasks import Sample, sample_session
+from evals.sample import Sample
+from evals.tasks import sample_session
 from mmkv.envs import Episode, hermes_text, message_images
 from mmkv.model.handle import ModelHandle
 

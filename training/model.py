@@ -36,11 +36,13 @@ from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 import mmkv
-from evals.tasks import AGENTIC_POLICY, COLOURS, SHAPES, TRAINING_CATEGORIES, make_samples
+from evals.pictures import SHAPES
+from evals.tasks import AGENTIC_POLICY, TRAINING_CATEGORIES, make_samples
 from mmkv.model.families import family_named
 from mmkv.model.handle import ModelHandle
 from mmkv.model.processor import VLProcessor
 from mmkv.model.tiny import train_tokenizer
+from mmkv.synthetic import COLOURS
 
 __all__ = [
     "IMAGE_BOUNDS",

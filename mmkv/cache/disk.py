@@ -45,11 +45,10 @@ from ..confined import (
 )
 from ..errors import StoreUnavailableError
 from .codec import CorruptEntryError
-from .directory import check_store_directory
 from .directory import open_error as _open_error
-from .sweep import ORPHAN_AGE_S, sweep_orphans
+from .sweep import sweep_orphans
 
-__all__ = ["DEFAULT_DISK_MAX_BYTES", "ORPHAN_AGE_S", "DiskTier", "check_store_directory"]
+__all__ = ["DEFAULT_DISK_MAX_BYTES", "DiskTier"]
 
 logger = logging.getLogger("mmkv.cache")
 

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from ..conversation import ConversationImage
+from ..messages import ConversationImage
 from ..prompt.layout import PromptLayout
 from ..runtime import DecodeOptions, Decoder, LiveCache, TokenConstraint, TurnPolicy
 from ..runtime.report import PrefillStats

@@ -10,6 +10,7 @@ are the tool-call text the models emit.
 
 from __future__ import annotations
 
+from ..toolcalls import FunctionCall
 from .desktop import POLICY, DesktopApp, Observation, StepResult
 from .episodes import Episode, EpisodeStep, expert_episode
 from .messages import (
@@ -20,7 +21,7 @@ from .messages import (
     message_images,
     tool_result_messages,
 )
-from .tools import TOOLS, FunctionCall, hermes_text, parse_tool_calls, tool_specs
+from .tools import TOOLS, hermes_text, parse_tool_calls, tool_specs
 
 __all__ = [
     "POLICY",

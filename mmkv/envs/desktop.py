@@ -33,8 +33,9 @@ from dataclasses import dataclass, field
 from PIL import Image
 
 from ..synthetic import Split
+from ..toolcalls import FunctionCall
 from .screens import dialog_in_split, render_done, render_ticket, ticket_look_in_split
-from .tools import FunctionCall, tool_specs
+from .tools import tool_specs
 
 __all__ = ["POLICY", "DesktopApp", "Observation", "StepResult"]
 

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from PIL import Image
 
 from ..synthetic import Split
+from ..toolcalls import FunctionCall
 from .desktop import DesktopApp
 from .messages import ScreenshotIn, agent_messages
-from .tools import FunctionCall, tool_specs
+from .tools import tool_specs
 
 __all__ = ["Episode", "EpisodeStep", "expert_episode"]
 

@@ -25,7 +25,7 @@ from typing import Literal, Protocol
 
 from PIL import Image
 
-from .tools import FunctionCall
+from ..toolcalls import FunctionCall
 
 __all__ = [
     "SCREEN_TEXT", "ScreenshotIn", "StepLike", "agent_messages", "image_data_url", "keep_last_screenshots",

@@ -18,7 +18,7 @@ import json
 from ..toolcalls import FunctionCall, format_tool_calls
 from ..toolcalls import parse_tool_calls as read_tool_calls
 
-__all__ = ["TOOLS", "FunctionCall", "hermes_text", "parse_tool_calls", "tool_specs"]
+__all__ = ["TOOLS", "hermes_text", "parse_tool_calls", "tool_specs"]
 
 CLICK_TARGETS = ("approve", "submit", "ok", "close")
 FIELDS = ("note",)

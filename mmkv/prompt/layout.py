@@ -22,10 +22,11 @@ from typing import Literal
 
 import torch
 
-from ..conversation import Conversation, Message, TextItem
+from ..conversation import Conversation
 from ..errors import UnsupportedInputError
 from ..kv.segment import KVSegment
 from ..kv.spans import image_span
+from ..messages import Message, TextItem
 from ..model.handle import ModelHandle
 
 __all__ = [

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..conversation import Message, TextItem
 from ..errors import UnsupportedInputError
 from ..fields import fill_template
+from ..messages import Message, TextItem
 from .views import MARK_PATTERN, render_views, tool_views
 
 __all__ = [

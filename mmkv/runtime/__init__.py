@@ -7,20 +7,10 @@ call) -> ``TurnSources.flush`` (store writes, after the first token) -> ``Decode
 """
 
 from ..policy import DEFAULT_BUDGET, REPAIRS, RepairKind, ReusePolicy, TurnPolicy
-from .decode import (
-    GREEDY,
-    AnswerText,
-    DecodeOptions,
-    Decoder,
-    DecodeStep,
-    FinishReason,
-    LogitRules,
-    Sampling,
-    TokenConstraint,
-    TokenLogprob,
-    vision_token_ids,
-)
+from .answer_text import AnswerText
+from .decode import DecodeOptions, Decoder, DecodeStep, vision_token_ids
 from .execute import attention_mask, drain, execute, execute_steps, replace_span, resolve_features
+from .grammar import TokenConstraint
 from .live import LiveCache
 from .patch import PatchStore, SegmentPatch, fit_patch
 from .plan import (
@@ -35,7 +25,8 @@ from .plan import (
     plan_turn,
 )
 from .repair import repair_plan
-from .report import Answer, PrefillStats, RepairStats
+from .report import Answer, FinishReason, PrefillStats, RepairStats, TokenLogprob
+from .sampling import GREEDY, LogitRules, Sampling
 from .sources import TurnSources, inputs_nbytes, prepare_image, preprocess
 from .turn import check_positions, run_turn, turn_steps
 

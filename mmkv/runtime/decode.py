@@ -38,20 +38,12 @@ from .report import Answer, FinishReason, PrefillStats, TokenLogprob
 from .sampling import GREEDY, LogitRules, Sampling, choose
 
 __all__ = [
-    "GREEDY",
     "MAX_LOGPROBS",
-    "AnswerText",
     "DecodeOptions",
     "DecodeStep",
     "Decoder",
-    "FinishReason",
-    "LogitRules",
-    "Sampling",
-    "TokenConstraint",
-    "TokenLogprob",
     "end_of_turn_id",
     "greedy_tokens",
-    "token_bytes",
     "vision_token_ids",
 ]
 

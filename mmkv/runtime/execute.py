@@ -18,9 +18,9 @@ from typing import TypeVar
 
 import torch
 
-from ..conversation import ConversationImage
 from ..kv.segment import KVSegment
 from ..kv.vision import ImageFeatures
+from ..messages import ConversationImage
 from ..model.handle import ModelHandle
 from ..mrope import rerotate
 from ..policy import TurnPolicy

@@ -28,9 +28,9 @@ from typing import Literal, Protocol
 import torch
 
 from ..cache.store import StoreTier
-from ..conversation import ConversationImage
 from ..errors import StoreMismatchError
 from ..kv.segment import KVSegment
+from ..messages import ConversationImage
 from ..policy import TurnPolicy
 from ..prompt.layout import PromptLayout
 

@@ -33,7 +33,7 @@ from dataclasses import replace
 
 import torch
 
-from ..conversation import ConversationImage
+from ..messages import ConversationImage
 from ..model.handle import ModelHandle
 from ..prompt.layout import PromptLayout
 from .execute import attention_mask, place_splices, resolve_features

@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from ..cache import EncoderStore, KVStore, image_digest
 from ..cache.memory import MemoryTier
 from ..cache.store import StoreTier
-from ..conversation import ConversationImage
 from ..errors import StoreMismatchError
 from ..images import ImageSource, load_image
 from ..kv.segment import KVSegment
 from ..kv.vision import ImageFeatures, encode_images
+from ..messages import ConversationImage
 from ..model.handle import ModelHandle
 from ..model.processor import ImageInputs
 from ..policy import TurnPolicy

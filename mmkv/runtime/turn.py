@@ -19,8 +19,8 @@ from collections.abc import Generator, Sequence
 
 import torch
 
-from ..conversation import ConversationImage
 from ..errors import PromptTooLongError
+from ..messages import ConversationImage
 from ..model.handle import ModelHandle
 from ..policy import TurnPolicy
 from ..prompt.layout import PromptLayout

@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..engine import QueueFull
+from ..engine.events import Delta, Done, Failed, First
 from ..errors import MmkvError
 from .engine import Engine, as_api_error
 from .media import MediaError
@@ -41,7 +42,7 @@ from .protocol import (
     BadRequest,
     Busy,
     ChatCompletionRequest,
-    Delta,
+    ChoiceDelta,
     InternalError,
     MethodNotAllowed,
     NotFound,
@@ -52,8 +53,7 @@ from .protocol import (
     error_from_validation,
 )
 from .replies import Reply
-from .worker import Delta as DeltaEvent
-from .worker import Done, Failed, First, Job
+from .worker import Job
 
 __all__ = ["create_app"]
 
@@ -328,7 +328,7 @@ async def _whole(request, engine, job, reply, sources, respond):
             return JSONResponse({"error": {"message": "the client went away", "type": "cancelled"}}, 499)
         if isinstance(event, Failed):
             return respond(_failure(event.error, reply.id), reply.id)
-        if isinstance(event, DeltaEvent):
+        if isinstance(event, Delta):
             reply.take(event.step)
         elif isinstance(event, Done):
             reply.close(event.answer)
@@ -350,18 +350,18 @@ async def _stream(request, engine, job, reply, sources, include_usage):
                 yield f"data: {json.dumps(error.body())}\n\n"
                 yield "data: [DONE]\n\n"
                 return
-            if isinstance(event, (First, DeltaEvent)) and not started:
+            if isinstance(event, (First, Delta)) and not started:
                 started = True
-                yield reply.chunk(Delta(role="assistant", content=""), force=True)
-            if isinstance(event, DeltaEvent):
-                if (chunk := reply.chunk(reply.take(event.step) or Delta())) is not None:
+                yield reply.chunk(ChoiceDelta(role="assistant", content=""), force=True)
+            if isinstance(event, Delta):
+                if (chunk := reply.chunk(reply.take(event.step) or ChoiceDelta())) is not None:
                     yield chunk
             elif isinstance(event, Done):
                 answer = event.answer
-                if (chunk := reply.chunk(reply.close(answer) or Delta())) is not None:
+                if (chunk := reply.chunk(reply.close(answer) or ChoiceDelta())) is not None:
                     yield chunk
                 engine.record(answer)
-                yield reply.chunk(Delta(), reply.finish_reason(answer))
+                yield reply.chunk(ChoiceDelta(), reply.finish_reason(answer))
                 if include_usage:
                     yield reply.usage_chunk(answer)
                 yield "data: [DONE]\n\n"

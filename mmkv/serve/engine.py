@@ -18,10 +18,10 @@ import mmkv
 
 from ..cache import EncoderStore, KVStore
 from ..cache.memory import MemoryTier
-from ..conversation import ConversationImage
 from ..engine import Request
 from ..errors import GrammarError, ImageTooLargeError, MmkvError, PromptTooLongError
 from ..images import load_image
+from ..messages import ConversationImage
 from ..prompt.blocks import LayoutBuilder
 from ..runtime import Answer, check_positions, prepare_image
 from ..runtime.decode import end_of_turn_id

@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 
 from PIL import Image
 
-from ..conversation import Conversation, ConversationImage, ToolCall
+from ..conversation import Conversation
+from ..messages import ConversationImage, ToolCall
 from ..runtime import DecodeOptions, LogitRules, Sampling, TurnPolicy
 from ..runtime.grammar import GrammarSpec, json_object, json_schema, tool_calls, tool_calls_or
 from .protocol import BadRequest, ChatCompletionRequest, ImagePart, NamedToolChoice, TooLarge

@@ -19,10 +19,11 @@ from .protocol import (
     AssistantOut,
     ChatCompletion,
     ChatCompletionChunk,
+    ChatCompletionTokenLogprob,
     Choice,
+    ChoiceDelta,
     ChoiceLogprobs,
     ChunkChoice,
-    Delta,
     FunctionCallOut,
     FunctionDelta,
     PromptTokensDetails,
@@ -31,7 +32,6 @@ from .protocol import (
     TopLogprob,
     Usage,
 )
-from .protocol import TokenLogprob as TokenLogprobOut
 
 __all__ = ["Reply", "extension", "usage"]
 
@@ -58,9 +58,9 @@ def extension(answer: Answer) -> dict:
     }  # fmt: skip
 
 
-def _logprob(entry: TokenLogprob) -> TokenLogprobOut:
+def _logprob(entry: TokenLogprob) -> ChatCompletionTokenLogprob:
     top = [TopLogprob(token=t.token, logprob=t.logprob, bytes=list(t.bytes)) for t in entry.top]
-    return TokenLogprobOut(
+    return ChatCompletionTokenLogprob(
         token=entry.token, logprob=entry.logprob, bytes=list(entry.bytes), top_logprobs=top
     )
 
@@ -76,11 +76,11 @@ class Reply:
         self.calls = ToolCallStream(calls_trusted) if read_tool_calls else None
         self.content: list[str] = []
         self.tool_calls: list[list[str]] = []  # per call: id, name, arguments
-        self._logprobs: list[TokenLogprobOut] = []  # not yet sent
-        self._all_logprobs: list[TokenLogprobOut] = []
+        self._logprobs: list[ChatCompletionTokenLogprob] = []  # not yet sent
+        self._all_logprobs: list[ChatCompletionTokenLogprob] = []
 
     # ------------------------------------------------------------------------------------------- the pieces
-    def take(self, step: DecodeStep) -> Delta | None:
+    def take(self, step: DecodeStep) -> ChoiceDelta | None:
         """One decoded token: the delta it makes certain (None when nothing)."""
         if step.logprob is not None and step.token != self.end_of_turn:
             entry = _logprob(step.logprob)
@@ -88,11 +88,11 @@ class Reply:
             self._all_logprobs.append(entry)
         return self._delta(step.delta)
 
-    def close(self, answer: Answer) -> Delta | None:
+    def close(self, answer: Answer) -> ChoiceDelta | None:
         """The answer ended: what is left."""
         return self._delta(None)
 
-    def _delta(self, text: str | None) -> Delta | None:
+    def _delta(self, text: str | None) -> ChoiceDelta | None:
         if self.calls is None:
             pieces = [ContentPiece(text)] if text else []
         else:
@@ -112,7 +112,7 @@ class Reply:
                 calls.append(ToolCallDelta(index=piece.index, function=FunctionDelta(arguments=piece.text)))
         if not content and not calls:
             return None
-        return Delta(content="".join(content) or None, tool_calls=calls or None)
+        return ChoiceDelta(content="".join(content) or None, tool_calls=calls or None)
 
     def finish_reason(self, answer: Answer) -> str:
         """ "tool_calls" when the answer made calls, else the decoder's ("stop" / "length")."""
@@ -131,7 +131,7 @@ class Reply:
                               usage=usage(answer), mmkv=extension(answer))  # fmt: skip
 
     # ------------------------------------------------------------------------------------------- a stream
-    def chunk(self, delta: Delta, finish: str | None = None, force: bool = False) -> str | None:
+    def chunk(self, delta: ChoiceDelta, finish: str | None = None, force: bool = False) -> str | None:
         """One SSE event for ``delta`` with the pending logprobs (None when there is nothing to send)."""
         has_delta = delta.role or delta.content is not None or delta.tool_calls
         if not has_delta and not self._logprobs and finish is None and not force:

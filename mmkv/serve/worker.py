@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from ..cache import EncoderStore, KVStore
 from ..cache.memory import MemoryTier
 from ..engine import EngineConfig, EngineCore, Request, Started
-from ..engine.events import Delta, Done, Failed, First
 from ..model.handle import ModelHandle
 from ..runtime import TurnPolicy, TurnSources
 from .heap import HeapTrim
 from .metrics import Metrics
 from .pool import LivePool
 
-__all__ = ["Delta", "Done", "Failed", "First", "Job", "Started", "Worker"]
+__all__ = ["Job", "Worker"]
 
 log = logging.getLogger("mmkv.serve")
 

@@ -14,11 +14,11 @@ from dataclasses import fields as dataclass_fields
 
 from ..cache.digest import text_digest
 from ..cache.store import KVStore
-from ..conversation import check_text
 from ..fields import fill_template, validate_fields
 from ..kv.prefill import prefill_span
 from ..kv.segment import KVSegment
 from ..kv.spans import text_span
+from ..messages import check_text
 from ..model.handle import ModelHandle
 from ..prompt.render import encode_parts
 

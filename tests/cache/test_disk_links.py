@@ -12,7 +12,8 @@ import pytest
 
 from mmkv import confined
 from mmkv.cache import disk, sweep
-from mmkv.cache.disk import ORPHAN_AGE_S, DiskTier
+from mmkv.cache.disk import DiskTier
+from mmkv.cache.sweep import ORPHAN_AGE_S
 from mmkv.errors import StoreUnavailableError
 from tests.cache.test_faults import BIG, _point_row_at, _rows
 

@@ -17,7 +17,8 @@ import pytest
 
 import mmkv
 from mmkv.cache import KVStore
-from mmkv.cache.disk import ORPHAN_AGE_S, DiskTier
+from mmkv.cache.disk import DiskTier
+from mmkv.cache.sweep import ORPHAN_AGE_S
 from tests.conftest import random_image
 
 BIG = 200_000  # bytes: over diskcache's 32 KiB threshold, so the value lives in a file

@@ -10,7 +10,7 @@ import pytest
 import mmkv
 from mmkv.cache import EncoderStore, KVStore
 from mmkv.cache.memory import MemoryTier
-from mmkv.engine import Done, EngineConfig, EngineCore, Failed, First, Request
+from mmkv.engine import Done, EngineConfig, EngineCore, Failed, Request
 from mmkv.runtime import DecodeOptions, LiveCache, TurnPolicy, TurnSources
 from tests.conftest import random_image
 
@@ -88,4 +88,4 @@ def stores(tiny) -> Stores:
 
 SERIAL = EngineConfig(max_batch=1, prefill_chunk=None, max_waiting=64)
 BATCHED = EngineConfig(max_batch=8, prefill_chunk=None, max_waiting=64)
-__all__ = ["BATCHED", "SERIAL", "First", "Outcome", "Stores", "conversation", "request_of", "run"]
+__all__ = ["BATCHED", "SERIAL", "Outcome", "Stores", "conversation", "request_of", "run"]

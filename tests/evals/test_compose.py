@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from evals.compose import STYLES, arm_names, build_parser, compose_samples, make_preamble, run
 from evals.compose import aggregate as compose_aggregate
-from evals.preambles import calibration_texts
+from evals.compose import arm_names, build_parser, compose_samples, run
+from evals.preambles import STYLES, calibration_texts, make_preamble
 
 REPAIRS = [("seam", 0.05), ("deviation", 0.05), ("attention", 0.05)]  # the default repair arms
 

@@ -8,17 +8,16 @@ import re
 import numpy as np
 import pytest
 
+from evals.pictures import SHAPES
 from evals.tasks import (
     CATEGORIES,
-    COLOURS,
-    SHAPES,
     TRAINING_CATEGORIES,
     agentic_answer,
     load_jsonl,
     make_samples,
     normalise_answer,
 )
-from mmkv.synthetic import FIELD_FILL, picture_digest, picture_split
+from mmkv.synthetic import COLOURS, FIELD_FILL, picture_digest, picture_split
 
 
 @pytest.mark.parametrize("category", CATEGORIES)

@@ -8,7 +8,8 @@ import torch
 
 import mmkv
 from mmkv.runtime import AnswerText, DecodeOptions, Decoder, LiveCache, Sampling, TurnPolicy, run_turn
-from mmkv.runtime.decode import end_of_turn_id, token_bytes, vision_token_ids
+from mmkv.runtime.answer_text import token_bytes
+from mmkv.runtime.decode import end_of_turn_id, vision_token_ids
 from mmkv.runtime.sampling import choose
 
 from ..conftest import random_image, random_text_ids

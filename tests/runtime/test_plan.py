@@ -7,9 +7,9 @@ import pytest
 import torch
 from PIL import Image
 
-from mmkv.conversation import ConversationImage
 from mmkv.errors import StoreMismatchError
 from mmkv.kv.segment import KVSegment
+from mmkv.messages import ConversationImage
 from mmkv.mrope import RotaryLayout
 from mmkv.prompt.layout import PromptLayout, PromptPiece, SegmentAnchor
 from mmkv.runtime import FeatureSlice, Plan, StoreWrite, TurnPolicy, plan_replace, plan_turn

@@ -14,11 +14,11 @@ __all__ = [
     "Choice",
     "ChoiceLogprobs",
     "ChunkChoice",
-    "Delta",
+    "ChoiceDelta",
     "FunctionCallOut",
     "FunctionDelta",
     "PromptTokensDetails",
-    "TokenLogprob",
+    "ChatCompletionTokenLogprob",
     "ToolCallDelta",
     "ToolCallOut",
     "TopLogprob",
@@ -47,7 +47,7 @@ class TopLogprob(_Out):
     bytes: list[int] | None
 
 
-class TokenLogprob(_Out):
+class ChatCompletionTokenLogprob(_Out):
     token: str
     logprob: float
     bytes: list[int] | None
@@ -55,8 +55,8 @@ class TokenLogprob(_Out):
 
 
 class ChoiceLogprobs(_Out):
-    content: list[TokenLogprob] | None
-    refusal: list[TokenLogprob] | None = None
+    content: list[ChatCompletionTokenLogprob] | None
+    refusal: list[ChatCompletionTokenLogprob] | None = None
 
 
 class AssistantOut(_Out):
@@ -107,7 +107,7 @@ class ToolCallDelta(_Out):
     function: FunctionDelta
 
 
-class Delta(_Out):
+class ChoiceDelta(_Out):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
@@ -115,7 +115,7 @@ class Delta(_Out):
 
 class ChunkChoice(_Out):
     index: int = 0
-    delta: Delta
+    delta: ChoiceDelta
     finish_reason: Literal["stop", "length", "tool_calls"] | None = None
     logprobs: ChoiceLogprobs | None = None
 

@@ -60,7 +60,7 @@ def test_tools_are_refused_clearly_and_change_nothing(glm):
     """Tools declared, a tool call in the history or a tool result: each refused with UnsupportedInputError
     naming the family; the session still answers once they are gone."""
     tool = {"type": "function", "function": {"name": "click", "parameters": {"type": "object"}}}
-    from mmkv.conversation import ToolCall
+    from mmkv.messages import ToolCall
 
     cases = [
         (lambda s: None, [tool]),
