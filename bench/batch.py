@@ -43,7 +43,7 @@ from mmkv.compat import cache_argument_name
 from mmkv.conversation import Conversation
 from mmkv.engine import EngineConfig, EngineCore, Request, Status
 from mmkv.prompt.blocks import LayoutBuilder
-from mmkv.runtime import DecodeOptions, LiveCache, LogitRules, TurnPolicy, TurnSources
+from mmkv.runtime import DecodeOptions, LiveCache, LogitRules, TurnPolicy, TurnStores
 from mmkv.runtime.decode import end_of_turn_id
 
 
@@ -75,8 +75,8 @@ def _requests(handle, size: int, context: int, tokens: int, salt: int) -> list[R
 
 def engine_arm(handle, size: int, max_batch: int, context: int, tokens: int, salt: int) -> dict:
     """Tokens/s of the decode phase and the host work per decode step (step minus forward)."""
-    sources = lambda policy: TurnSources(handle, KVStore(), EncoderStore(), policy)  # noqa: E731
-    core = EngineCore(handle, EngineConfig(max_batch, prefill_chunk=None, max_waiting=size), sources)
+    turn_stores = lambda policy: TurnStores(handle, KVStore(), EncoderStore(), policy)  # noqa: E731
+    core = EngineCore(handle, EngineConfig(max_batch, prefill_chunk=None, max_waiting=size), turn_stores)
     requests = _requests(handle, size, context, tokens, salt)
     for request in requests:
         core.add(request)

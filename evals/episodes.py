@@ -10,7 +10,7 @@ corrected at every step would get; an episode succeeds when every one of its ste
 Two arms, run side by side step by step:
 
 - ``none``, the reference: full recompute through the stock path (``processor.apply_chat_template(messages,
-  tools=...)``, the processor, ``model.generate``);
+  tools=...)``, the processor, the model's own forward at its own ``get_rope_index`` positions, greedy);
 - ``kv``: the same messages sent, in the agent's order, to ``mmkv serve``'s app in process (the official
   ``openai`` client over an ASGI transport; ``tool_choice="auto"``, greedy): the pool continues each request
   from the previous one's cache, and once the window slid, the screenshots that moved are spliced from the store,
@@ -29,6 +29,7 @@ the fraction of prompt tokens not recomputed.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -38,6 +39,7 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import DynamicCache
 
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -52,6 +54,7 @@ from evals.report import (  # noqa: E402
     write_results,
 )
 from mmkv.cli import HelpFormatter  # noqa: E402
+from mmkv.compat import cache_argument_name  # noqa: E402
 from mmkv.envs import Episode, FunctionCall, expert_episode, message_images, parse_tool_calls  # noqa: E402
 from mmkv.model.processor import VLProcessor  # noqa: E402
 
@@ -85,17 +88,29 @@ def greedy_text(
     handle: mmkv.ModelHandle, inputs: dict[str, torch.Tensor], max_new_tokens: int = MAX_CALL_TOKENS
 ) -> str:
     """The model's greedy answer to ``inputs`` (up to ``<|im_end|>`` or ``max_new_tokens``), special tokens
-    removed. Uses ``generate`` with the model's own positions; changes no state of the handle."""
+    removed: the model's own forward, at the positions of its own ``get_rope_index``, over a fresh cache.
+    Changes no state of the shared model (``generate`` would: it keeps ``rope_deltas`` on it)."""
     model = handle.model
-    model.model.rope_deltas = None  # never continue from another prompt's M-RoPE offsets
     inputs = {k: v.to(handle.device) for k, v in inputs.items()}
-    eos = handle.tokenizer.convert_tokens_to_ids("<|im_end|>")
-    out = model.generate(
-        **inputs, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos,
-        pad_token_id=handle.tokenizer.pad_token_id,
-    )  # fmt: skip
-    model.model.rope_deltas = None
-    return handle.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+    rope_index = model.model.get_rope_index  # pure: returns positions and deltas, stores nothing
+    wanted = inspect.signature(rope_index).parameters
+    positions, _ = rope_index(
+        inputs["input_ids"], **{k: v for k, v in inputs.items() if k in wanted and k != "input_ids"}
+    )  # (3, 1, L)
+    cache = {cache_argument_name(model): DynamicCache(config=handle.text_config), "use_cache": True}
+    step, following = dict(inputs, position_ids=positions), positions.max() + 1
+    eos, tokens = handle.tokenizer.convert_tokens_to_ids("<|im_end|>"), []
+    while len(tokens) < max_new_tokens:
+        token = int(model(**step, **cache).logits[0, -1].argmax())
+        if token == eos:
+            break
+        tokens.append(token)
+        step = {
+            "input_ids": torch.tensor([[token]], device=handle.device),
+            "position_ids": following.expand(3, 1, 1),
+        }
+        following = following + 1
+    return handle.tokenizer.decode(tokens, skip_special_tokens=True)
 
 
 def score_episode(

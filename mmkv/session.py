@@ -1,7 +1,7 @@
 """``Session``: a multi-turn conversation over one model that never pays twice for the same picture.
 
 A thin facade over a ``Conversation`` (what was said), a ``LiveCache`` (the KV held now) and, per turn,
-``TurnSources`` (the stores): a turn lays the conversation out (``LayoutBuilder``) and runs its one sequence
+``TurnStores`` (the stores): a turn lays the conversation out (``LayoutBuilder``) and runs its one sequence
 through the engine the server uses (``mmkv.engine``: matching prefix, plan, one forward call, store writes,
 then decoding). A failed turn leaves the conversation as it was and the live cache empty.
 """
@@ -37,7 +37,7 @@ from .runtime import (
     ReusePolicy,
     Sampling,
     TurnPolicy,
-    TurnSources,
+    TurnStores,
     pad_features,
     prepare_image,
     replace_span,
@@ -82,7 +82,7 @@ class Session:
         self.conversation.set_tools(tools)
         self.live = LiveCache(handle)
         self.layouts = LayoutBuilder(handle)  # each message rendered once, the previous turn's prefix reused
-        self._pixels = MemoryTier(256 << 20)  # preprocessed images, made at add_image (bounded: 256 MB)
+        self._vision_inputs = MemoryTier(256 << 20)  # preprocessed, made at add_image (256 MB bound)
         self.last_prefill = PrefillStats()  # what the latest ask / next_token_logits / prefill took
         self.last_answer: Answer | None = None  # the latest ask's or stream's answer
         self.history_start = 0  # turns before this message are dropped from prompts (max_prompt_tokens)
@@ -124,7 +124,7 @@ class Session:
     def add_image(self, image: ImageSource, role: str = "user") -> ImageDigest:
         """Append an image (PIL image, path or bytes) to the current ``role`` message; returns its digest. Raises
         an ``mmkv.ImageError`` / ``UnsupportedInputError`` for bad input, leaving the session unchanged."""
-        record = self._record(image)
+        record = self._prepared(image)
         self.conversation.add_image(record, role)
         return record.digest
 
@@ -137,7 +137,7 @@ class Session:
     def add_tool_result(self, tool_call_id: str, text: str = "", images: Sequence[ImageSource] = ()) -> None:
         """Append the result of call ``tool_call_id``: ``text``, then ``images`` (a screenshot). Results after one
         another share one tool message. Bad input raises with the session unchanged."""
-        self.conversation.add_tool_result(tool_call_id, text, [self._record(image) for image in images])
+        self.conversation.add_tool_result(tool_call_id, text, [self._prepared(image) for image in images])
 
     @_exclusive
     def fork(self, **settings) -> Session:
@@ -194,7 +194,7 @@ class Session:
             layout, history_start = self._layout(question, True, self.config.policy)  # 1. lay out
             request = Request(layout, self.conversation.images, self.config.policy, options, lambda _: None,
                               constraint, live=self.live)  # fmt: skip
-            for event in run_alone(self.handle, request, self._sources):  # 2-6. prefill, decode
+            for event in run_alone(self.handle, request, self._turn_stores):  # 2-6. prefill, decode
                 if isinstance(event, First):
                     self.last_prefill = event.stats
                 elif isinstance(event, Delta) and event.step.delta:
@@ -272,7 +272,7 @@ class Session:
         policy = self.config.policy if reuse is None else replace(self.config.policy, reuse=reuse)
         layout, self.history_start = self._layout(question, add_generation_prompt, policy)  # 1. lay out
         logits, self.last_prefill = run_turn(self.handle, self.live, layout, self.conversation.images,
-                                             self._sources(policy), policy, started)  # 2-5.  # fmt: skip
+                                             self._turn_stores(policy), policy, started)  # 2-5.  # fmt: skip
         return logits, self.last_prefill
 
     # ----------------------------------------------------------------------- the edit protocol (mmkv.text.edit)
@@ -281,20 +281,20 @@ class Session:
         self, layout: PromptLayout, begin: int, old_end: int, new_end: int, extra: Sequence[int] = ()
     ) -> None:
         """``mmkv.runtime.replace_span`` on this session's live cache (dropped if it fails)."""
-        sources = self._sources(self.config.policy)
+        turn_stores = self._turn_stores(self.config.policy)
         with self.live.dropped_on_error(), torch.inference_mode():
-            replace_span(self.handle, self.live, layout, self.conversation.images, sources, begin, old_end,
+            replace_span(self.handle, self.live, layout, self.conversation.images, turn_stores, begin, old_end,
                          new_end, extra, self.config.policy)  # fmt: skip
 
     @_exclusive
     def pad_features(self, layout: PromptLayout, indices: Sequence[int]) -> list[ImageFeatures]:
         """The vision outputs of the image pads among prompt ``indices``, in order (one record per image)."""
         features = pad_features(layout, [(int(i), 1) for i in sorted(set(indices))])
-        return resolve_features(features, self.conversation.images, self._sources(self.config.policy))
+        return resolve_features(features, self.conversation.images, self._turn_stores(self.config.policy))
 
-    def _record(self, image: ImageSource) -> ConversationImage:
+    def _prepared(self, image: ImageSource) -> ConversationImage:
         return prepare_image(self.handle, image, self.config.max_image_pixels, self.config.policy, self.encoder_store,
-                             self._pixels)  # fmt: skip
+                             self._vision_inputs)  # fmt: skip
 
-    def _sources(self, policy: TurnPolicy) -> TurnSources:
-        return TurnSources(self.handle, self.store, self.encoder_store, policy, self._pixels)
+    def _turn_stores(self, policy: TurnPolicy) -> TurnStores:
+        return TurnStores(self.handle, self.store, self.encoder_store, policy, self._vision_inputs)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ..model.handle import ModelHandle
-from ..runtime import Decoder, TurnPolicy, TurnSources
+from ..runtime import Decoder, TurnPolicy, TurnStores
 from ..runtime.decode import greedy_tokens
 from .events import Delta, Done, Failed, First, Started
 from .request import Request
@@ -46,14 +46,14 @@ class EngineCore:
         self,
         handle: ModelHandle,
         config: EngineConfig,
-        sources: Callable[[TurnPolicy], TurnSources],
+        turn_stores: Callable[[TurnPolicy], TurnStores],
         pool=None,
     ) -> None:
-        """``sources``: a turn's stores for its policy; ``pool``: a ``LivePool`` for requests that bring no live
+        """``turn_stores``: a turn's stores for its policy; ``pool``: a ``LivePool`` for requests that bring no live
         cache (the server's), or None."""
         self.handle, self.config, self.pool = handle, config, pool
         self.scheduler = Scheduler(config, handle.kv_bytes_per_token)
-        self.runner = ModelRunner(handle, sources, config.prefill_chunk)
+        self.runner = ModelRunner(handle, turn_stores, config.prefill_chunk)
         self._pooled: set[int] = set()  # id() of requests whose live cache is the pool's
         self.decode_steps = 0  # batched decode forwards run
         self.last_decode_rows = 0  # rows of the last step's decode forward (0: none ran)
@@ -192,14 +192,14 @@ class EngineCore:
 
 
 def run_alone(
-    handle: ModelHandle, request: Request, sources: Callable[[TurnPolicy], TurnSources]
+    handle: ModelHandle, request: Request, turn_stores: Callable[[TurnPolicy], TurnStores]
 ) -> Iterator[Delta | Done | First | Started]:
     """``request`` (bringing its own live cache) through an engine of its own (``ALONE``), its events as they
     come (a ``Session``'s turn); a ``Failed`` event is raised as its error instead. Stops when it finishes;
     closed early, the request is simply dropped (its live cache holds its prompt, consistent)."""
     events: list = []
     request.emit = events.append
-    core = EngineCore(handle, ALONE, sources)
+    core = EngineCore(handle, ALONE, turn_stores)
     core.add(request)
     while not request.is_finished:
         core.step()

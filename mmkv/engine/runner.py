@@ -19,7 +19,7 @@ from collections.abc import Callable, Generator, Sequence
 import torch
 
 from ..model.handle import ModelHandle
-from ..runtime import TurnPolicy, TurnSources, turn_steps
+from ..runtime import TurnPolicy, TurnStores, turn_steps
 from ..runtime.report import PrefillStats
 from .batch import DecodeBatch
 from .request import Request
@@ -33,10 +33,10 @@ class ModelRunner:
     """Prefills requests in chunks and decodes the running ones in one batch."""
 
     def __init__(
-        self, handle: ModelHandle, sources: Callable[[TurnPolicy], TurnSources], prefill_chunk: int | None
+        self, handle: ModelHandle, turn_stores: Callable[[TurnPolicy], TurnStores], prefill_chunk: int | None
     ) -> None:
-        """``sources``: the stores a turn under a policy reads and writes (``TurnSources``)."""
-        self.handle, self.sources, self.prefill_chunk = handle, sources, prefill_chunk
+        """``turn_stores``: the stores a turn under a policy reads and writes (``TurnStores``)."""
+        self.handle, self.turn_stores, self.prefill_chunk = handle, turn_stores, prefill_chunk
         self.batch = DecodeBatch(handle)
         self._prefills: dict[int, Prefill] = {}  # id(request) -> its prefill in progress
 
@@ -46,9 +46,9 @@ class ModelRunner:
         stores; on an exception the live cache is reset (emptied) and the exception propagates."""
         steps = self._prefills.get(id(request))
         if steps is None:
-            sources = self.sources(request.policy)
+            turn_stores = self.turn_stores(request.policy)
             steps = self._prefills[id(request)] = turn_steps(
-                self.handle, request.live, request.layout, request.images, sources, request.policy,
+                self.handle, request.live, request.layout, request.images, turn_stores, request.policy,
                 request.started, request.keep, self.prefill_chunk,
             )  # fmt: skip
         try:

@@ -1,9 +1,9 @@
-"""The turn runtime under ``Session`` (and the server): a live cache, a planner, the store sources of a turn, an
+"""The turn runtime under ``Session`` (and the server): a live cache, a planner, the stores of a turn, an
 executor and a decoder, each owning its own state.
 
 A turn flows: ``lay_out`` (``mmkv.prompt``) -> ``LiveCache.matching_prefix`` -> ``LiveCache.truncate`` ->
-``plan_turn`` (asks ``TurnSources``) -> ``repair_plan`` (the budget beyond the seam) -> ``execute`` (one forward
-call) -> ``TurnSources.flush`` (store writes, after the first token) -> ``Decoder`` (decode).
+``plan_turn`` (asks ``TurnStores``) -> ``repair_plan`` (the budget beyond the seam) -> ``execute`` (one forward
+call) -> ``TurnStores.flush`` (store writes, after the first token) -> ``Decoder`` (decode).
 """
 
 from ..policy import DEFAULT_BUDGET, REPAIRS, RepairKind, ReusePolicy, TurnPolicy
@@ -16,8 +16,8 @@ from .patch import PatchStore, SegmentPatch, fit_patch
 from .plan import (
     FeatureSlice,
     ImageReuse,
+    KVOrigin,
     Plan,
-    SourceKind,
     Splice,
     StoreWrite,
     pad_features,
@@ -27,7 +27,7 @@ from .plan import (
 from .repair import repair_plan
 from .report import Answer, FinishReason, PrefillStats, RepairStats, TokenLogprob
 from .sampling import GREEDY, LogitRules, Sampling
-from .sources import TurnSources, inputs_nbytes, prepare_image, preprocess
+from .stores import TurnStores, inputs_nbytes, prepare_image, preprocess
 from .turn import check_positions, run_turn, turn_steps
 
 __all__ = [
@@ -56,11 +56,11 @@ __all__ = [
     "Plan",
     "ReusePolicy",
     "Sampling",
-    "SourceKind",
+    "KVOrigin",
     "Splice",
     "StoreWrite",
     "TurnPolicy",
-    "TurnSources",
+    "TurnStores",
     "attention_mask",
     "check_positions",
     "drain",

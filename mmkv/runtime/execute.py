@@ -27,7 +27,7 @@ from ..policy import TurnPolicy
 from ..prompt.layout import PromptLayout
 from .live import LiveCache
 from .plan import FeatureSlice, Plan, Splice, plan_replace
-from .sources import TurnSources
+from .stores import TurnStores
 
 T = TypeVar("T")
 
@@ -59,13 +59,13 @@ def attention_mask(entry_index: torch.Tensor, query_index: torch.Tensor, dtype: 
 
 
 def resolve_features(
-    slices: Sequence[FeatureSlice], images: Sequence[ConversationImage], sources: TurnSources
+    slices: Sequence[FeatureSlice], images: Sequence[ConversationImage], turn_stores: TurnStores
 ) -> list[ImageFeatures]:
-    """The vision outputs ``slices`` name (from ``sources``: memo, store or tower), in order."""
+    """The vision outputs ``slices`` name (from ``turn_stores``: memo, store or tower), in order."""
     out = []
-    for piece in slices:
-        full = sources.features(images[piece.image_index])[0]
-        rows = piece.rows
+    for feature_slice in slices:
+        full = turn_stores.features(images[feature_slice.image_index])[0]
+        rows = feature_slice.rows
         if isinstance(rows, range) and rows == range(full.num_pads):
             out.append(full)
             continue
@@ -88,11 +88,11 @@ def execute(
     plan: Plan,
     layout: PromptLayout,
     images: Sequence[ConversationImage],
-    sources: TurnSources,
+    turn_stores: TurnStores,
 ) -> torch.Tensor:
     """Bring ``live`` (holding exactly ``plan.keep`` entries of ``layout``) to the whole prompt in one go (see
     ``execute_steps``); returns the ``(vocab,)`` float32 logits after the last computed token. Mutates ``live``."""
-    return drain(execute_steps(handle, live, plan, layout, images, sources))
+    return drain(execute_steps(handle, live, plan, layout, images, turn_stores))
 
 
 def execute_steps(
@@ -101,7 +101,7 @@ def execute_steps(
     plan: Plan,
     layout: PromptLayout,
     images: Sequence[ConversationImage],
-    sources: TurnSources,
+    turn_stores: TurnStores,
     chunk_tokens: int | None = None,
 ) -> Generator[None, None, torch.Tensor]:
     """Bring ``live`` (holding exactly ``plan.keep`` entries of ``layout``) to the whole prompt; a generator that
@@ -128,7 +128,7 @@ def execute_steps(
         live.append_spliced(place_splices(plan.splices, layout.positions, plan.policy))
         entry_index += [torch.arange(splice.start, splice.end) for splice in plan.splices]
     computed = plan.computed_indices()  # (Q,)
-    features = resolve_features(plan.features, images, sources)
+    features = resolve_features(plan.features, images, turn_stores)
     entries = torch.cat(entry_index)  # (keep + spliced,)
     fits = chunk_tokens is None or computed.numel() <= chunk_tokens
     if not plan.splices:
@@ -151,7 +151,7 @@ def execute_steps(
         live.reorder_tail(plan.keep, torch.argsort(entries[plan.keep :]))
         if tail.numel():
             logits = yield from _run_causal(handle, live, layout, tail, features, chunk_tokens)
-    live.record(layout)
+    live.mark_prompt(layout)
     return logits
 
 
@@ -235,7 +235,7 @@ def replace_span(
     live: LiveCache,
     layout: PromptLayout,
     images: Sequence[ConversationImage],
-    sources: TurnSources,
+    turn_stores: TurnStores,
     begin: int,
     old_end: int,
     new_end: int,
@@ -251,5 +251,5 @@ def replace_span(
     downstream = live.segment(old_end) if old_end < live.num_tokens else None
     plan = plan_replace(layout, begin, old_end, new_end, downstream, extra, policy)
     live.truncate(begin)
-    execute(handle, live, plan, layout, images, sources)
-    sources.flush(live, plan.writes)
+    execute(handle, live, plan, layout, images, turn_stores)
+    turn_stores.flush(live, plan.writes)

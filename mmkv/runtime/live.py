@@ -7,13 +7,13 @@ cache always holds a prefix of the last prompt it was brought up to (plus decode
     live = LiveCache(handle)
     keep = live.matching_prefix(layout)    # 0 on a cold cache; reads only
     cut = live.truncate(keep, collect_text=True)   # text pieces after `keep`, as segments, then cropped
-    ...                                     # execute(plan) appends and records the new prompt
+    ...                                     # execute(plan) appends the new prompt and marks it held
     live.num_tokens                         # == layout.num_tokens afterwards
 
 Only the methods below change it (no other code touches its ``DynamicCache``); each says what it changes:
-``reset``, ``truncate`` (crop), ``append_spliced`` + ``forward`` + ``reorder_tail`` + ``record`` (a plan being
-executed), ``extend`` (a decoded token), ``probe`` (a query that leaves the cache as it was). ``copy_prefix``
-and ``segment`` read only.
+``reset``, ``truncate`` (crop), ``append_spliced`` + ``forward`` + ``reorder_tail`` + ``mark_prompt`` (a plan
+being executed), ``extend`` (a decoded token), ``probe`` (a query that leaves the cache as it was).
+``copy_prefix`` and ``segment`` read only.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ class LiveCache:
     # ----------------------------------------------------------------- executing a plan (mmkv.runtime.execute)
     def append_spliced(self, segment: KVSegment) -> None:
         """Append ``segment``'s K and V (already at their prompt positions) after the entries held. The
-        bookkeeping (ids, positions, pieces) is out of date until ``record``."""
+        bookkeeping (ids, positions, pieces) is out of date until ``mark_prompt``."""
         append_to_cache(self.cache, segment)
 
     def forward(
@@ -214,7 +214,7 @@ class LiveCache:
         """Run the model over ``token_ids`` (``(n,)``) at ``positions`` (``(3, n)``) after every entry held
         (or under ``attention_mask``), appending their KV; returns the last one's ``(vocab,)`` logits and adds
         the call's time (the device waited for) to ``forward_seconds``. The bookkeeping is out of date until
-        ``record`` (a plan) or see ``extend`` (decoding)."""
+        ``mark_prompt`` (a plan) or see ``extend`` (decoding)."""
         started = time.perf_counter()
         try:
             return prefill_span(
@@ -251,7 +251,7 @@ class LiveCache:
         self.append_tokens(token_ids, positions)
         return logits
 
-    def record(self, layout: PromptLayout) -> None:
+    def mark_prompt(self, layout: PromptLayout) -> None:
         """Say that the cache now holds exactly ``layout``'s prompt (called once its KV is in place)."""
         assert self.cache.get_seq_length() == layout.num_tokens, "the cache does not hold the whole prompt"
         self.token_ids, self.positions = layout.token_ids.clone(), layout.positions.clone()
@@ -261,7 +261,7 @@ class LiveCache:
 
     def append_tokens(self, token_ids: torch.Tensor, positions: torch.Tensor) -> None:
         """Say that the cache grew by ``token_ids`` (``(n,)``) at ``positions`` (``(3, n)``): decoded tokens,
-        counted as part of the last piece (``extend`` computes and records them)."""
+        counted as part of the last piece (``extend`` computes and appends them)."""
         self.token_ids = torch.cat([self.token_ids, token_ids.reshape(-1).cpu()])
         self.positions = torch.cat([self.positions, positions.cpu()], dim=1)
         assert self.cache.get_seq_length() == self.num_tokens, "cache and bookkeeping disagree"

@@ -1,5 +1,5 @@
 """``Plan``: how one prompt's KV is brought into the live cache, as data. ``plan_turn`` / ``plan_replace`` make
-one without touching the live cache or the model (the store lookups they ask ``sources`` for are the only reads).
+one without touching the live cache or the model (the store lookups they ask ``turn_stores`` for are the only reads).
 
 A plan says, for every prompt token after the kept live prefix, whether its KV is **spliced** (a cached segment
 placed, re-rotated, at its new positions) or **computed** (run through the model in context), which vision
@@ -38,15 +38,15 @@ __all__ = [
     "FeatureSlice",
     "ImageReuse",
     "Plan",
-        "SourceKind",
-    "Sources",
+    "KVOrigin",
+    "StoreLookups",
     "Splice",
     "StoreWrite",
-        "plan_replace",
+    "plan_replace",
     "plan_turn",
 ]
 
-SourceKind = Literal["live", "computed"] | StoreTier  # where an image's KV came from
+KVOrigin = Literal["live", "computed"] | StoreTier  # where an image's KV came from
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class ImageReuse:
 
     index: int  # the image's number in the conversation (0-based, in order of add_image)
     digest: str  # its content digest
-    source: SourceKind  # where its language-model KV came from: "live" (kept prefix), "memory"/"disk" (a KV
+    source: KVOrigin  # where its language-model KV came from: "live" (kept prefix), "memory"/"disk" (a KV
     # store tier: spliced), "computed" (prefilled this turn)
     encoder: str | None = None  # where its vision outputs came from when the turn needed them: "memory" /
     # "disk" (encoder store), "computed" (the vision tower ran); None when not needed (KV live or fully spliced)
@@ -146,8 +146,8 @@ class Plan:
         return torch.cat([torch.arange(s, s + n) for s, n in self.computed])
 
 
-class Sources(Protocol):
-    """What the planner asks about images (``mmkv.runtime.sources.TurnSources`` in a session)."""
+class StoreLookups(Protocol):
+    """What the planner asks about images (``mmkv.runtime.stores.TurnStores`` in a session)."""
 
     def kv(self, image: ConversationImage) -> tuple[KVSegment | None, str | None]: ...
 
@@ -197,13 +197,13 @@ def plan_turn(
     images: Sequence[ConversationImage],
     keep: int,
     policy: TurnPolicy,
-    sources: Sources,
+    turn_stores: StoreLookups,
     reusable_text: Sequence[KVSegment] = (),
 ) -> Plan:
     """The plan that brings a live cache holding ``layout``'s first ``keep`` tokens to the whole prompt.
 
     Images past the prefix: under ``kv`` a store hit is spliced (seam computed), a miss computed and stored;
-    under ``encoder``/``none`` computed (from cached or fresh vision outputs, as ``sources`` says). Text runs
+    under ``encoder``/``none`` computed (from cached or fresh vision outputs, as ``turn_stores`` says). Text runs
     are computed, except under ``kv``: precompiled segments the layout places are spliced (seam computed), and
     a run that begins with one of ``reusable_text`` (text cut off the live cache, e.g. after an image left the
     window) is spliced from it. The last token is always computed. ``images`` are the conversation's.
@@ -231,7 +231,7 @@ def plan_turn(
                 layout.image_of(piece),
                 images,
                 policy,
-                sources,
+                turn_stores,
             )
             continue
         for anchor in anchors:  # precompiled segments inside this run
@@ -332,25 +332,25 @@ def _plan_image(
     index: int,
     images: Sequence[ConversationImage],
     policy: TurnPolicy,
-    sources: Sources,
+    turn_stores: StoreLookups,
 ) -> None:
     """An image: under ``kv`` its stored KV spliced (seam computed from its vision outputs); otherwise (or on a
     miss) computed from cached or fresh vision outputs, and under ``kv`` stored afterwards."""
     image, length = images[index], int(span_ids.shape[0])
     num_pads = length - 2  # between <|vision_start|> and <|vision_end|>
     if policy.splices_kv:
-        segment, tier = sources.kv(image)
+        segment, tier = turn_stores.kv(image)
         if segment is not None:
             if not torch.equal(segment.token_ids.cpu(), span_ids.cpu()):
                 raise StoreMismatchError("the stored KV is for other tokens than this image's span")
             seam_pads = min(max(policy.seam - 1, 0), num_pads)  # the seam's first token is <|vision_start|>
-            encoder = sources.encoder_tier(image) if seam_pads else None
+            encoder = turn_stores.encoder_tier(image) if seam_pads else None
             builder.images.append(ImageReuse(index, image.digest, tier, encoder))
             if seam_pads:
                 builder.features.append(FeatureSlice(index, range(seam_pads)))
             _plan_seamed(builder, start, segment, policy.seam)
             return
-    builder.images.append(ImageReuse(index, image.digest, "computed", sources.encoder_tier(image)))
+    builder.images.append(ImageReuse(index, image.digest, "computed", turn_stores.encoder_tier(image)))
     builder.features.append(FeatureSlice(index, range(num_pads)))
     builder.compute(start, length)
     if policy.splices_kv:

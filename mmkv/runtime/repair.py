@@ -48,7 +48,7 @@ from .ranking import (
     top_k,
 )
 from .report import RepairStats
-from .sources import TurnSources
+from .stores import TurnStores
 
 __all__ = ["choose", "recompute_within", "repair_plan", "repair_stats"]
 
@@ -59,12 +59,12 @@ def repair_plan(
     plan: Plan,
     layout: PromptLayout,
     images: Sequence[ConversationImage],
-    sources: TurnSources,
+    turn_stores: TurnStores,
 ) -> tuple[Plan, RepairStats]:
     """``plan`` (a turn's seam plan, for ``live`` holding its kept prefix) with the budget's share of each placed
     segment's spliced tokens computed instead, chosen by ``plan.policy.repair``; and what it recomputed and cost.
     With nothing to choose (budget 0, no splices) ``plan`` itself comes back, unchanged. Reads ``live`` only;
-    may run the vision tower for images whose outputs the ranking needs (memoised in ``sources``)."""
+    may run the vision tower for images whose outputs the ranking needs (memoised in ``turn_stores``)."""
     policy = plan.policy
     started = time.perf_counter()
     groups = _spliced_groups(plan)
@@ -76,15 +76,15 @@ def repair_plan(
     scores = None
     if policy.repair == "deviation":
         scores, pass_tokens, pass_layers, needed = _deviation_scores(
-            handle, live, plan, layout, images, sources
+            handle, live, plan, layout, images, turn_stores
         )
     elif policy.repair == "attention":
         scores, pass_tokens, pass_layers = _attention_scores(handle, live, plan, layout)
     chosen = choose(groups, counts, scores)
     repaired = recompute_within(plan, layout, chosen)
-    needed |= {piece.image_index for piece in repaired.features}
+    needed |= {s.image_index for s in repaired.features}
     reuse = tuple(
-        replace(r, encoder=sources.encoder_tier(images[r.index]))
+        replace(r, encoder=turn_stores.encoder_tier(images[r.index]))
         if r.index in needed and r.encoder is None and r.source not in ("live", "computed")
         else r
         for r in repaired.images
@@ -168,14 +168,14 @@ def repair_stats(
 
 
 # ------------------------------------------------------------------------------------------------ rankings
-def _deviation_scores(handle, live, plan, layout, images, sources):
+def _deviation_scores(handle, live, plan, layout, images, turn_stores):
     """``(num_tokens,)`` scores (layer-1 K and V deviation norms, summed; spliced indices only), the pass's tokens
     and layers, and the images whose vision outputs the pass used."""
     keep, end = plan.keep, max(splice.end for splice in plan.splices)
     depth = deviation_depth(handle)
     scratch = live.layer_prefix(keep, depth) if keep else None  # copies: the live cache is not touched
     slices = pad_features(layout, [(keep, end - keep)])
-    features = resolve_features(slices, images, sources)
+    features = resolve_features(slices, images, turn_stores)
     positions = layout.positions
     keys, values = recompute_first_layers(
         handle, scratch, layout.token_ids[keep:end], positions[:, keep:end], features
@@ -190,7 +190,7 @@ def _deviation_scores(handle, live, plan, layout, images, sources):
     index = spliced.to(keys.device)
     scores = torch.full((layout.num_tokens,), float("-inf"))
     scores[spliced] = kv_deviation(keys[:, index], values[:, index], cached.keys[0, 0], cached.values[0, 0])
-    return scores, end - keep, depth, {piece.image_index for piece in slices}
+    return scores, end - keep, depth, {s.image_index for s in slices}
 
 
 def _attention_scores(handle, live, plan, layout):

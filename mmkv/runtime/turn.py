@@ -29,7 +29,7 @@ from .live import LiveCache
 from .plan import plan_turn
 from .repair import repair_plan
 from .report import PrefillStats
-from .sources import TurnSources
+from .stores import TurnStores
 
 __all__ = ["check_positions", "run_turn", "turn_steps"]
 
@@ -48,14 +48,14 @@ def run_turn(
     live: LiveCache,
     layout: PromptLayout,
     images: Sequence[ConversationImage],
-    sources: TurnSources,
+    turn_stores: TurnStores,
     policy: TurnPolicy,
     started: float | None = None,
     keep: int | None = None,
 ) -> tuple[torch.Tensor, PrefillStats]:
     """Steps 2-5 for ``layout`` at once (``turn_steps`` without chunks): the ``(vocab,)`` float32 logits of the
     prompt's last token, on the host, and what it took. Mutates ``live`` and the stores."""
-    logits, stats = drain(turn_steps(handle, live, layout, images, sources, policy, started, keep))
+    logits, stats = drain(turn_steps(handle, live, layout, images, turn_stores, policy, started, keep))
     return logits.cpu(), stats
 
 
@@ -64,7 +64,7 @@ def turn_steps(
     live: LiveCache,
     layout: PromptLayout,
     images: Sequence[ConversationImage],
-    sources: TurnSources,
+    turn_stores: TurnStores,
     policy: TurnPolicy,
     started: float | None = None,
     keep: int | None = None,
@@ -82,15 +82,15 @@ def turn_steps(
     keep = live.matching_prefix(layout) if keep is None else keep
     reusable_text = live.truncate(keep, collect_text=policy.splices_kv)
     # 3. plan
-    plan = plan_turn(layout, images, keep, policy, sources, reusable_text)
-    plan, repair = repair_plan(handle, live, plan, layout, images, sources)  # the budget beyond the seam
+    plan = plan_turn(layout, images, keep, policy, turn_stores, reusable_text)
+    plan, repair = repair_plan(handle, live, plan, layout, images, turn_stores)  # the budget beyond the seam
     # 4. execute
     forward_before = live.forward_seconds
-    logits = yield from execute_steps(handle, live, plan, layout, images, sources, chunk_tokens)
+    logits = yield from execute_steps(handle, live, plan, layout, images, turn_stores, chunk_tokens)
     stats = PrefillStats(
         layout.num_tokens, plan.prefilled, plan.reused, plan.images, time.perf_counter() - started,
         live.forward_seconds - forward_before, repair,
     )  # fmt: skip
     # 5. store writes, after the first token is known
-    sources.flush(live, plan.writes)
+    turn_stores.flush(live, plan.writes)
     return logits, stats

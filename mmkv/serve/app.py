@@ -161,7 +161,7 @@ def create_app(engine: Engine) -> FastAPI:
             body.model, intake.read_tool_calls, intake.calls_trusted, body.logprobs, engine.end_of_turn
         )
         reply.id = request_id
-        context = (request, engine, job, reply, intake.image_sources)
+        context = (request, engine, job, reply, intake.url_schemes)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             metrics.requests.labels("200").inc()
@@ -311,17 +311,17 @@ def _failure(error: BaseException, request_id: str) -> ApiError:
     return InternalError(f"internal error (request {request_id})")
 
 
-def _log(request_id: str, status: int, answer, sources) -> None:
+def _log(request_id: str, status: int, answer, schemes) -> None:
     stats = answer.prefill
     images = (
-        ",".join(f"{scheme}:{image.source}" for scheme, image in zip(sources, stats.images, strict=False))
+        ",".join(f"{scheme}:{image.source}" for scheme, image in zip(schemes, stats.images, strict=False))
         or "-"
     )
     log.info("%s status=%d prompt=%d cached=%d completion=%d ttft_ms=%.1f images=%s", request_id, status,
              stats.prompt_tokens, stats.reused, len(answer.token_ids), 1e3 * answer.ttft_s, images)  # fmt: skip
 
 
-async def _whole(request, engine, job, reply, sources, respond):
+async def _whole(request, engine, job, reply, schemes, respond):
     while True:
         event = await _next_event(request, engine, job)
         if event is None:
@@ -332,13 +332,13 @@ async def _whole(request, engine, job, reply, sources, respond):
             reply.take(event.step)
         elif isinstance(event, Done):
             reply.close(event.answer)
-            engine.record(event.answer)
+            engine.count_answer(event.answer)
             engine.metrics.requests.labels("200").inc()
-            _log(reply.id, 200, event.answer, sources)
+            _log(reply.id, 200, event.answer, schemes)
             return JSONResponse(reply.completion(event.answer).model_dump(mode="json"))
 
 
-async def _stream(request, engine, job, reply, sources, include_usage):
+async def _stream(request, engine, job, reply, schemes, include_usage):
     started = False
     try:
         while True:
@@ -360,12 +360,12 @@ async def _stream(request, engine, job, reply, sources, include_usage):
                 answer = event.answer
                 if (chunk := reply.chunk(reply.close(answer) or ChoiceDelta())) is not None:
                     yield chunk
-                engine.record(answer)
+                engine.count_answer(answer)
                 yield reply.chunk(ChoiceDelta(), reply.finish_reason(answer))
                 if include_usage:
                     yield reply.usage_chunk(answer)
                 yield "data: [DONE]\n\n"
-                _log(reply.id, 200, answer, sources)
+                _log(reply.id, 200, answer, schemes)
                 return
     finally:
         job.request.cancel()  # the client stopped reading: stop decoding (harmless once done)

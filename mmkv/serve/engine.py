@@ -52,7 +52,7 @@ class Engine:
         self.kv_store, self.encoder_store = _stores(
             config.stores, config.kv_memory_bytes, config.encoder_memory_bytes
         )
-        self.pixels = MemoryTier(config.image_cache_bytes)  # preprocessed images by digest
+        self.vision_inputs = MemoryTier(config.image_cache_bytes)  # preprocessed images by digest
         self.decoded: MemoryTier[ConversationImage] = MemoryTier(config.image_cache_bytes)  # records by bytes
         self.decoding = ByteBudget(config.decode_budget_bytes)  # pixels decoded at once, all requests
         self.pool = LivePool(self.handle, config.pool_bytes)
@@ -62,7 +62,7 @@ class Engine:
             config.fetch_timeout_s, max_fetches=config.max_fetches,
         )  # fmt: skip
         self.layouts = LayoutBuilder(self.handle, config.layout_cache_bytes)  # one for all requests: by content
-        self.worker = Worker(self.handle, self.kv_store, self.encoder_store, self.pixels, self.pool,
+        self.worker = Worker(self.handle, self.kv_store, self.encoder_store, self.vision_inputs, self.pool,
                              self.metrics, config.engine)  # fmt: skip
         self._token_bytes = max(len(t) for t in self.handle.tokenizer.get_vocab())  # longest token, in bytes
         self.end_of_turn = end_of_turn_id(self.handle)
@@ -95,14 +95,14 @@ class Engine:
                 raise Timeout("the request timed out while its images were read")
             return fetched[url] if url in fetched else read_image_url(url, self.media, deadline)
 
-        def record(data: bytes, detail: str) -> ConversationImage:
+        def decode_image(data: bytes, detail: str) -> ConversationImage:
             if time.monotonic() > deadline:
                 raise Timeout("the request timed out while its images were decoded")
             return self._image(data, detail, deadline)
 
         try:
             return read_request(body, self.config.policy, self.config.max_tokens, self.config.max_images,
-                                record, read, self.config.max_schema_bytes, deadline)  # fmt: skip
+                                decode_image, read, self.config.max_schema_bytes, deadline)  # fmt: skip
         except GrammarError as exc:  # a schema or tool list: the param is the response format or the tools
             raise as_api_error(exc, "tools" if str(exc).startswith("tool") else "response_format") from exc
         except (ValueError, TypeError) as exc:  # the records' checks: text, roles, tool calls, field values
@@ -157,12 +157,12 @@ class Engine:
         with self.decoding.hold(decode_bytes(data, max_pixels), deadline):
             source = data if detail != "low" else low_detail(load_image(data, max_pixels=max_pixels))
             record = prepare_image(
-                self.handle, source, max_pixels, self.config.policy, self.encoder_store, self.pixels
+                self.handle, source, max_pixels, self.config.policy, self.encoder_store, self.vision_inputs
             )
         self.decoded.put(key, record, 3 * record.pixels.width * record.pixels.height + len(data))
         return record
 
-    def record(self, answer: Answer) -> None:
+    def count_answer(self, answer: Answer) -> None:
         """Count a finished request in the metrics."""
         m, stats = self.metrics, answer.prefill
         m.ttft.observe(answer.ttft_s)

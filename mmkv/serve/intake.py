@@ -44,7 +44,7 @@ class Intake:
     grammar: GrammarSpec | None  # what the answer must be, or None (free text)
     read_tool_calls: bool  # whether the answer is read for tool calls (tools listed, tool_choice not "none")
     calls_trusted: bool  # the grammar makes the answer well-formed calls (they may stream at once)
-    image_sources: tuple[str, ...]  # each image's URL scheme, for the log line
+    url_schemes: tuple[str, ...]  # each image's URL scheme, for the log line
 
 
 def read_request(
@@ -52,19 +52,19 @@ def read_request(
     base_policy: TurnPolicy,
     max_tokens: int,
     max_images: int,
-    image_record: Callable[[bytes], ConversationImage],
+    decode_image: Callable[[bytes, str], ConversationImage],
     read_url: Callable[[str], bytes],
     max_schema_bytes: int = 64 << 10,
     deadline: float | None = None,
 ) -> Intake:
-    """``body`` as an ``Intake``. ``image_record(data)``: an encoded image's record (decoded, keyed,
+    """``body`` as an ``Intake``. ``decode_image(data, detail)``: an encoded image's record (decoded, keyed,
     preprocessed; raises the ``mmkv.ImageError`` of a bad one); ``read_url(url)``: an image URL's bytes under the
     server's media rules (raises ``MediaError``). The grammar comes first (a schema over ``max_schema_bytes`` or
     that cannot be enforced is refused before any image is decoded), its checks waiting for their turn until
     ``deadline``. Raises ``BadRequest`` / ``TooLarge`` naming the field, ``GrammarError`` (a 400),
     ``GrammarTimeoutError`` (a 504)."""
     grammar, read_calls, trusted = _grammar(body, max_schema_bytes, deadline)
-    conversation, sources = Conversation(), []
+    conversation, schemes = Conversation(), []
     # declared whatever the tool choice ("none" too): the prompt then stays the same from turn to turn
     conversation.set_tools([tool.model_dump(exclude_none=True) for tool in body.tools or ()])
 
@@ -74,10 +74,10 @@ def read_request(
             if not isinstance(part, ImagePart):
                 conversation.add_text(part.text, role, new_message=first)
                 continue
-            sources.append(part.image_url.url.split(":", 1)[0].lower()[:16])
-            if len(sources) > max_images:
+            schemes.append(part.image_url.url.split(":", 1)[0].lower()[:16])
+            if len(schemes) > max_images:
                 raise TooLarge(f"a request holds at most {max_images} images", "messages")
-            record = image_record(read_url(part.image_url.url), part.image_url.detail)
+            record = decode_image(read_url(part.image_url.url), part.image_url.detail)
             conversation.add_image(record, role, new_message=first)
 
     for message in body.messages:
@@ -104,7 +104,7 @@ def read_request(
     overrides = {} if body.mmkv is None else body.mmkv.model_dump(exclude_none=True)
     return Intake(
         conversation, replace(base_policy, **overrides), _options(body, max_tokens), grammar, read_calls, trusted,
-        tuple(sources),
+        tuple(schemes),
     )  # fmt: skip
 
 

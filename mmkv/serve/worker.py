@@ -24,7 +24,7 @@ from ..cache import EncoderStore, KVStore
 from ..cache.memory import MemoryTier
 from ..engine import EngineConfig, EngineCore, Request, Started
 from ..model.handle import ModelHandle
-from ..runtime import TurnPolicy, TurnSources
+from ..runtime import TurnPolicy, TurnStores
 from .heap import HeapTrim
 from .metrics import Metrics
 from .pool import LivePool
@@ -63,14 +63,15 @@ class Worker:
         handle: ModelHandle,
         kv_store: KVStore,
         encoder_store: EncoderStore,
-        pixels: MemoryTier,
+        vision_inputs: MemoryTier,
         pool: LivePool,
         metrics: Metrics,
         config: EngineConfig,
     ) -> None:
-        self.handle, self.kv_store, self.encoder_store, self.pixels = handle, kv_store, encoder_store, pixels
+        self.handle, self.kv_store, self.encoder_store = handle, kv_store, encoder_store
+        self.vision_inputs = vision_inputs  # preprocessed vision-tower inputs by digest
         self.pool, self.metrics = pool, metrics
-        self.core = EngineCore(handle, config, self._sources, pool)
+        self.core = EngineCore(handle, config, self._turn_stores, pool)
         self.heap = HeapTrim()
         self._wake = threading.Condition()
         self._closed = False
@@ -110,8 +111,8 @@ class Worker:
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
-    def _sources(self, policy: TurnPolicy) -> TurnSources:
-        return TurnSources(self.handle, self.kv_store, self.encoder_store, policy, self.pixels)
+    def _turn_stores(self, policy: TurnPolicy) -> TurnStores:
+        return TurnStores(self.handle, self.kv_store, self.encoder_store, policy, self.vision_inputs)
 
     def _loop(self) -> None:
         while True:

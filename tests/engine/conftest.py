@@ -11,7 +11,7 @@ import mmkv
 from mmkv.cache import EncoderStore, KVStore
 from mmkv.cache.memory import MemoryTier
 from mmkv.engine import Done, EngineConfig, EngineCore, Failed, Request
-from mmkv.runtime import DecodeOptions, LiveCache, TurnPolicy, TurnSources
+from mmkv.runtime import DecodeOptions, LiveCache, TurnPolicy, TurnStores
 from tests.conftest import random_image
 
 
@@ -22,10 +22,10 @@ class Stores:
     handle: mmkv.ModelHandle
     kv: KVStore = field(default_factory=KVStore)
     encoder: EncoderStore = field(default_factory=EncoderStore)
-    pixels: MemoryTier = field(default_factory=lambda: MemoryTier(64 << 20))
+    vision_inputs: MemoryTier = field(default_factory=lambda: MemoryTier(64 << 20))
 
-    def sources(self, policy) -> TurnSources:
-        return TurnSources(self.handle, self.kv, self.encoder, policy, self.pixels)
+    def turn_stores(self, policy) -> TurnStores:
+        return TurnStores(self.handle, self.kv, self.encoder, policy, self.vision_inputs)
 
 
 @dataclass
@@ -68,7 +68,7 @@ def request_of(session: mmkv.Session, options: DecodeOptions, policy: TurnPolicy
 
 def run(stores: Stores, requests, config: EngineConfig, between=None) -> EngineCore:
     """Every request through one core until none is left; ``between(core)`` after each step."""
-    core = EngineCore(stores.handle, config, stores.sources)
+    core = EngineCore(stores.handle, config, stores.turn_stores)
     for request in requests:
         core.add(request)
     steps = 0

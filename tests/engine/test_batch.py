@@ -19,7 +19,7 @@ def _prefilled(handle, k: int) -> LiveCache:
         live,
         session.prompt_layout(None),
         session.images,
-        Stores(handle).sources(TurnPolicy(reuse="none")),
+        Stores(handle).turn_stores(TurnPolicy(reuse="none")),
         TurnPolicy(),
     )
     return live

@@ -100,7 +100,7 @@ def test_a_long_prompt_is_prefilled_in_chunks_while_others_decode(tiny):
     config = EngineConfig(max_batch=4, prefill_chunk=16)
     from mmkv.engine import EngineCore
 
-    core = EngineCore(tiny, config, stores.sources)
+    core = EngineCore(tiny, config, stores.turn_stores)
     core.add(first)
     while first.status is not Status.RUNNING:
         core.step()

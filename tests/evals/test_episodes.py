@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
-from evals.episodes import aggregate, build_parser, heldout_episodes, run, step_inputs
+from evals.episodes import aggregate, build_parser, greedy_text, heldout_episodes, run, step_inputs
 from mmkv.envs import hermes_text
 from mmkv.synthetic import picture_digest, picture_split
 
@@ -81,3 +82,23 @@ def test_aggregate_counts_steps_kinds_history_agreement_and_episodes():
     assert table["episodes"]["none"]["n"] == 2 and table["episodes"]["none"]["accuracy"]["value"] == 0.5
     assert table["episodes"]["kv"]["accuracy"]["value"] == 1.0
     assert table["episodes"]["none"]["accuracy"]["low"] > 0.0  # Wilson, never a degenerate interval
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2.5-vl", "tiny-qwen3-vl"])
+def test_the_reference_answer_is_generate_s_and_leaves_the_shared_model_as_it_was(tiny_by_name, name):
+    """greedy_text gives the tokens transformers' greedy ``generate`` gives on the same inputs (two steps' prompts,
+    with images), and leaves the model's ``rope_deltas`` as it found it, the very object (generate replaces it)."""
+    handle, episode = tiny_by_name[name], heldout_episodes(1, seed=3)[0]
+    model, eos = handle.model, handle.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    for step in (1, 2):
+        inputs = step_inputs(handle.processor, episode.messages(step, as_url=False), episode.tools)
+        before = model.model.rope_deltas = torch.tensor([[12345]])  # a sentinel nobody would compute
+        ours = greedy_text(handle, inputs, max_new_tokens=12)
+        assert model.model.rope_deltas is before
+        model.model.rope_deltas = None
+        with torch.inference_mode():
+            out = model.generate(**inputs, max_new_tokens=12, do_sample=False, eos_token_id=eos,
+                                 pad_token_id=handle.tokenizer.pad_token_id)  # fmt: skip
+        model.model.rope_deltas = None
+        expected = handle.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+        assert ours == expected and len(out[0]) > inputs["input_ids"].shape[1]

@@ -199,7 +199,7 @@ def test_session_and_worker_use_the_same_decoder(tiny):
     live = LiveCache(tiny)
     with torch.inference_mode():
         cold = TurnPolicy(reuse="none")
-        logits, _ = run_turn(tiny, live, layout, session.conversation.images, session._sources(cold), cold)
+        logits, _ = run_turn(tiny, live, layout, session.conversation.images, session._turn_stores(cold), cold)
         decoder = Decoder(tiny, live, logits, DecodeOptions(8))
         list(decoder)
     assert tuple(decoder.token_ids) == asked.token_ids and decoder.text == asked.text

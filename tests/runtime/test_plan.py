@@ -1,5 +1,5 @@
 """plan_turn / plan_replace on synthetic layouts, without a model: a plan is data (splices, computed spans,
-vision-output slices, store writes, image sources), and it tiles the prompt."""
+vision-output slices, store writes, where each image came from), and it tiles the prompt."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def _layout(spec: list, segments: tuple[SegmentAnchor, ...] = ()) -> PromptLayou
     return PromptLayout(torch.tensor(ids), positions, tuple(pieces), tuple(order), None, None, segments)
 
 
-class FakeSources:
+class FakeStores:
     """Store answers by digest: KV segments with their tier, encoder tiers (default "computed")."""
 
     def __init__(self, kv=None, encoder=None):
@@ -71,7 +71,7 @@ def test_cold_turn_computes_everything_and_stores_each_image_under_kv():
     """Empty live cache, nothing stored: one computed run over the whole prompt, every image's vision outputs
     in order, a store write per image, each image "computed"."""
     layout = _layout([("text", 3), ("image", 4, 0), ("text", 2), ("image", 4, 1), ("text", 2)])
-    plan = plan_turn(layout, IMAGES, 0, TurnPolicy("kv"), FakeSources())
+    plan = plan_turn(layout, IMAGES, 0, TurnPolicy("kv"), FakeStores())
     assert plan.keep == 0 and plan.splices == () and plan.computed == ((0, 19),)
     assert plan.features == (FeatureSlice(0, range(4)), FeatureSlice(1, range(4)))
     assert plan.writes == (StoreWrite(3, 6, "a"), StoreWrite(11, 6, "b"))
@@ -82,11 +82,11 @@ def test_cold_turn_computes_everything_and_stores_each_image_under_kv():
 @pytest.mark.parametrize("reuse", ["encoder", "none"])
 def test_other_policies_never_splice_or_store(reuse):
     """Under encoder/none the store is not asked, nothing is written; the encoder tier is reported."""
-    sources = FakeSources(kv={"a": (_segment(IMAGE_IDS, "a"), "memory")}, encoder={"a": "disk"})
+    turn_stores = FakeStores(kv={"a": (_segment(IMAGE_IDS, "a"), "memory")}, encoder={"a": "disk"})
     plan = plan_turn(
-        _layout([("text", 2), ("image", 4, 0), ("text", 2)]), IMAGES, 0, TurnPolicy(reuse), sources
+        _layout([("text", 2), ("image", 4, 0), ("text", 2)]), IMAGES, 0, TurnPolicy(reuse), turn_stores
     )
-    assert sources.asked == [] and plan.splices == () and plan.writes == ()
+    assert turn_stores.asked == [] and plan.splices == () and plan.writes == ()
     assert (plan.images[0].source, plan.images[0].encoder) == (
         "computed",
         "disk",
@@ -97,10 +97,10 @@ def test_other_policies_never_splice_or_store(reuse):
 def test_a_full_live_prefix_computes_only_the_last_token():
     """Everything but the last token live: the images are "live", one token computed, nothing looked up."""
     layout = _layout([("text", 3), ("image", 4, 0), ("text", 4)])
-    sources = FakeSources()
-    plan = plan_turn(layout, IMAGES, layout.num_tokens - 1, TurnPolicy("kv"), sources)
+    turn_stores = FakeStores()
+    plan = plan_turn(layout, IMAGES, layout.num_tokens - 1, TurnPolicy("kv"), turn_stores)
     assert plan.computed == ((12, 1),) and plan.splices == () and plan.features == ()
-    assert [(r.index, r.source) for r in plan.images] == [(0, "live")] and sources.asked == []
+    assert [(r.index, r.source) for r in plan.images] == [(0, "live")] and turn_stores.asked == []
 
 
 @pytest.mark.parametrize("seam", [0, 1, 3])
@@ -109,7 +109,7 @@ def test_a_store_hit_at_another_position_splices_after_its_seam(seam):
     marker, then seam - 1 pads from its vision outputs), the rest spliced from the stored segment."""
     stored = _segment(IMAGE_IDS, "b")
     layout = _layout([("text", 5), ("image", 4, 1), ("text", 3)])
-    plan = plan_turn(layout, IMAGES, 5, TurnPolicy("kv", seam=seam), FakeSources(kv={"b": (stored, "disk")}))
+    plan = plan_turn(layout, IMAGES, 5, TurnPolicy("kv", seam=seam), FakeStores(kv={"b": (stored, "disk")}))
     assert plan.images[0].source == "disk" and plan.writes == ()
     assert plan.images[0].encoder == ("computed" if seam > 1 else None)  # seam pads need vision outputs
     (splice,) = plan.splices
@@ -124,7 +124,7 @@ def test_a_stored_segment_for_other_tokens_is_refused():
     layout = _layout([("text", 2), ("image", 4, 0), ("text", 2)])
     wrong = _segment([START, PAD, PAD, END], "a")
     with pytest.raises(StoreMismatchError, match="other tokens"):
-        plan_turn(layout, IMAGES, 0, TurnPolicy("kv"), FakeSources(kv={"a": (wrong, "memory")}))
+        plan_turn(layout, IMAGES, 0, TurnPolicy("kv"), FakeStores(kv={"a": (wrong, "memory")}))
 
 
 def test_window_slide_splices_moved_images_and_cut_off_text():
@@ -133,8 +133,8 @@ def test_window_slide_splices_moved_images_and_cut_off_text():
     # prompt: system text (3) | image b (6) | "click" text that was cut off the live cache (4) | new text (3)
     layout = _layout([("text", 3), ("image", 4, 1), ("text", 7)])
     cut_text = _segment([TEXT] * 4)
-    sources = FakeSources(kv={"b": (_segment(IMAGE_IDS, "b"), "memory")})
-    plan = plan_turn(layout, IMAGES, 3, TurnPolicy("kv", seam=0), sources, reusable_text=[cut_text])
+    turn_stores = FakeStores(kv={"b": (_segment(IMAGE_IDS, "b"), "memory")})
+    plan = plan_turn(layout, IMAGES, 3, TurnPolicy("kv", seam=0), turn_stores, reusable_text=[cut_text])
     assert [(s.start, s.end) for s in plan.splices] == [(3, 9), (9, 13)]
     assert plan.computed == ((13, 3),) and plan.reused == 13
     assert plan.images[0].source == "memory"
@@ -143,7 +143,7 @@ def test_window_slide_splices_moved_images_and_cut_off_text():
 def test_the_last_token_is_computed_even_when_cached_text_covers_it():
     """Cut-off text matching the whole tail: spliced except its last token, which is computed."""
     layout = _layout([("text", 6)])
-    plan = plan_turn(layout, IMAGES, 2, TurnPolicy("kv"), FakeSources(), reusable_text=[_segment([TEXT] * 4)])
+    plan = plan_turn(layout, IMAGES, 2, TurnPolicy("kv"), FakeStores(), reusable_text=[_segment([TEXT] * 4)])
     assert [(s.start, s.end) for s in plan.splices] == [(2, 5)] and plan.computed == ((5, 1),)
 
 
@@ -153,11 +153,11 @@ def test_a_precompiled_segment_splices_after_its_seam(seam):
     ``seam`` tokens computed, the rest spliced; the run's remaining text computed."""
     skill = _segment([TEXT] * 6)
     layout = _layout([("text", 12)], segments=(SegmentAnchor(3, skill, seam),))
-    plan = plan_turn(layout, IMAGES, 0, TurnPolicy("kv"), FakeSources())
+    plan = plan_turn(layout, IMAGES, 0, TurnPolicy("kv"), FakeStores())
     assert [(s.start, s.end) for s in plan.splices] == [(3 + seam, 9)]
     assert plan.computed == ((0, 3 + seam), (9, 3))
     # under another policy the anchor is ignored
-    assert plan_turn(layout, IMAGES, 0, TurnPolicy("encoder"), FakeSources()).computed == ((0, 12),)
+    assert plan_turn(layout, IMAGES, 0, TurnPolicy("encoder"), FakeStores()).computed == ((0, 12),)
 
 
 def test_a_field_edit_replan_keeps_the_prefix_and_splices_the_moved_tail():
@@ -194,12 +194,12 @@ def test_placed_segments_are_recorded_with_their_seams():
     layout = _layout(
         [("text", 10), ("image", 4, 0), ("image", 4, 1), ("text", 6)], segments=(SegmentAnchor(4, skill, 2),)
     )
-    sources = FakeSources(kv={"a": (_segment(IMAGE_IDS, "a"), "memory")})  # image 1 ("b") misses
-    plan = plan_turn(layout, IMAGES, 1, TurnPolicy("kv"), sources, reusable_text=[_segment([TEXT] * 2)])
+    turn_stores = FakeStores(kv={"a": (_segment(IMAGE_IDS, "a"), "memory")})  # image 1 ("b") misses
+    plan = plan_turn(layout, IMAGES, 1, TurnPolicy("kv"), turn_stores, reusable_text=[_segment([TEXT] * 2)])
     # [0] kept | [1, 3) cut-off text | [3, 4) text | [4, 9) skill (seam 2) | [9, 10) text | image a [10, 16) |
     # image b [16, 22) computed | [22, 28) text
     assert plan.placed == ((1, 2), (4, 5), (10, 6))
     assert plan.computed == ((3, 3), (9, 2), (16, 12))
-    assert plan_turn(layout, IMAGES, 1, TurnPolicy("encoder"), FakeSources()).placed == ()
+    assert plan_turn(layout, IMAGES, 1, TurnPolicy("encoder"), FakeStores()).placed == ()
     with pytest.raises(ValueError, match="placed"):
         Plan(10, 2, (), ((2, 8),), (), placed=((1, 3),))

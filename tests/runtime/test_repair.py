@@ -13,11 +13,11 @@ import torch
 import mmkv
 from mmkv.cache import EncoderStore, KVStore
 from mmkv.prompt.layout import SegmentAnchor
-from mmkv.runtime import FeatureSlice, LiveCache, TurnPolicy, TurnSources, plan_turn
+from mmkv.runtime import FeatureSlice, LiveCache, TurnPolicy, TurnStores, plan_turn
 from mmkv.runtime.ranking import PROBE_TOKENS
 from mmkv.runtime.repair import choose, recompute_within, repair_plan, repair_stats
 from tests.conftest import random_image
-from tests.runtime.test_plan import IMAGE_IDS, IMAGES, TEXT, FakeSources, _layout, _segment
+from tests.runtime.test_plan import IMAGE_IDS, IMAGES, TEXT, FakeStores, _layout, _segment
 from tests.test_session import _full_forward_logits
 
 HISTORY = "Here is a long history of earlier steps in the task, unrelated to the picture. " * 3
@@ -29,7 +29,7 @@ def test_recompute_within_splits_the_splices_and_redraws_the_vision_rows():
     computed runs merge with neighbours, computed pads take their vision-output rows; the plan still tiles."""
     stored = _segment(IMAGE_IDS, "b")  # [START, PAD x 4, END]
     layout = _layout([("text", 5), ("image", 4, 1), ("text", 3)])  # image at [5, 11)
-    plan = plan_turn(layout, IMAGES, 5, TurnPolicy("kv", seam=1), FakeSources(kv={"b": (stored, "disk")}))
+    plan = plan_turn(layout, IMAGES, 5, TurnPolicy("kv", seam=1), FakeStores(kv={"b": (stored, "disk")}))
     assert [(s.start, s.end) for s in plan.splices] == [(6, 11)]
     repaired = recompute_within(plan, layout, [6, 8, 10])
     assert [(s.start, s.end) for s in repaired.splices] == [(7, 8), (9, 10)]
@@ -58,14 +58,14 @@ def test_repair_stats_count_what_each_placed_segment_recomputes():
     skill = _segment([TEXT] * 6)
     layout = _layout([("text", 10), ("image", 4, 0), ("text", 2)], segments=(SegmentAnchor(2, skill, 2),))
     plan = plan_turn(
-        layout, IMAGES, 0, TurnPolicy("kv", seam=1), FakeSources(kv={"a": (_segment(IMAGE_IDS), "memory")})
+        layout, IMAGES, 0, TurnPolicy("kv", seam=1), FakeStores(kv={"a": (_segment(IMAGE_IDS), "memory")})
     )
     stats = repair_stats(recompute_within(plan, layout, [5, 12]), layout, chosen=2)
     assert (stats.placed, stats.recomputed, stats.chosen) == (12, 5, 2)  # skill 2 + 1, image 1 + 1
     assert (stats.image_tokens, stats.image_recomputed) == (6, 2) and stats.image_fraction == pytest.approx(
         1 / 3
     )
-    assert repair_stats(plan_turn(layout, IMAGES, 0, TurnPolicy("none"), FakeSources()), layout).placed == 0
+    assert repair_stats(plan_turn(layout, IMAGES, 0, TurnPolicy("none"), FakeStores()), layout).placed == 0
 
 
 # ------------------------------------------------------------------------------------------ with a model
@@ -145,9 +145,9 @@ def test_the_default_policy_is_the_plain_seam_bit_for_bit(tiny):
         assert torch.equal(zero.next_token_logits("Describe it."), default)
         assert zero.last_prefill.repair.chosen == 0 and zero.last_prefill.repair.seconds == 0.0
         layout = zero.prompt_layout("Describe it.")
-        sources = TurnSources(tiny, stores[0], stores[1], TurnPolicy())
-        plan = plan_turn(layout, zero.images, 0, zero.config.policy, sources)
-        assert repair_plan(tiny, LiveCache(tiny), plan, layout, zero.images, sources)[0] is plan
+        turn_stores = TurnStores(tiny, stores[0], stores[1], TurnPolicy())
+        plan = plan_turn(layout, zero.images, 0, zero.config.policy, turn_stores)
+        assert repair_plan(tiny, LiveCache(tiny), plan, layout, zero.images, turn_stores)[0] is plan
 
 
 def test_deviation_picks_the_token_whose_stored_kv_was_corrupted(tiny):
@@ -164,10 +164,10 @@ def test_deviation_picks_the_token_whose_stored_kv_was_corrupted(tiny):
     values[1, :, :, target] -= 3.0
     store.put(digest, replace(stored, keys=keys, values=values), tiny)
     layout = session.prompt_layout("Describe it.")
-    sources = TurnSources(tiny, store, encoder_store, TurnPolicy())
+    turn_stores = TurnStores(tiny, store, encoder_store, TurnPolicy())
     policy = TurnPolicy(repair="deviation", budget=1 / (stored.length - 1))
-    plan = plan_turn(layout, session.images, 0, policy, sources)
-    repaired, stats = repair_plan(tiny, LiveCache(tiny), plan, layout, session.images, sources)
+    plan = plan_turn(layout, session.images, 0, policy, turn_stores)
+    repaired, stats = repair_plan(tiny, LiveCache(tiny), plan, layout, session.images, turn_stores)
     start = next(p.begin for p in layout.pieces if p.kind == "image")
     assert stats.chosen == 1 and (start + target, 1) in repaired.computed
     assert repaired.images[0].encoder == "memory"  # the pass read the vision outputs from the encoder store
@@ -187,9 +187,9 @@ def test_a_repair_after_a_live_prefix_leaves_the_live_cache_alone(tiny):
         keep = live.matching_prefix(layout)
         live.truncate(keep)
         before = live.segment()
-        sources = TurnSources(tiny, stores[0], stores[1], TurnPolicy())
-        plan = plan_turn(layout, session.images, keep, session.config.policy, sources)
-        repaired, stats = repair_plan(tiny, live, plan, layout, session.images, sources)
+        turn_stores = TurnStores(tiny, stores[0], stores[1], TurnPolicy())
+        plan = plan_turn(layout, session.images, keep, session.config.policy, turn_stores)
+        repaired, stats = repair_plan(tiny, live, plan, layout, session.images, turn_stores)
         after = live.segment()
         assert torch.equal(before.keys, after.keys) and torch.equal(before.values, after.values)
         assert keep > 0 and stats.chosen == math.ceil(0.5 * plan.splices[0].segment.length)

@@ -176,7 +176,7 @@ INVARIANT_ASSERTS = {
     ("mmkv/runtime/decode.py", "Decoder.advance"): 2,  # the engine's own call order
     ("mmkv/runtime/decode.py", "Decoder.answer"): 1,
     ("mmkv/runtime/grammar/engine.py", "Vocabulary.__post_init__"): 2,  # built by vocabulary() from a tokenizer
-    ("mmkv/runtime/live.py", "LiveCache.record"): 1,  # the cache and its bookkeeping agree
+    ("mmkv/runtime/live.py", "LiveCache.mark_prompt"): 1,  # the cache and its bookkeeping agree
     ("mmkv/runtime/live.py", "LiveCache.append_tokens"): 1,
     ("mmkv/runtime/plan.py", "plan_turn"): 1,  # the kept prefix is the pool's, at a piece boundary
     ("mmkv/runtime/repair.py", "_attention_scores"): 1,  # a turn ends in computed text

@@ -1,4 +1,4 @@
-"""``TurnSources``: where one turn's cached work comes from (the KV store, the encoder store, the vision tower)
+"""``TurnStores``: where one turn's cached work comes from (the KV store, the encoder store, the vision tower)
 and what it leaves to store afterwards.
 
 One object per turn. It looks images up in the stores (the planner asks), memoises the vision outputs it
@@ -6,11 +6,11 @@ fetched or computed this turn (an image seen twice in one prompt runs the tower 
 store writes; ``flush`` runs them after the first token is known, so store writes (disk ones included) are not
 part of the time to first token. Example::
 
-    sources = TurnSources(handle, kv_store, encoder_store, TurnPolicy(reuse="kv"))
-    segment, tier = sources.kv(image)           # (KVSegment, "memory") or (None, None)
-    tier = sources.encoder_tier(image)          # "memory" | "disk" | "computed": a lookup, no tower
-    features = sources.features(image)          # the memo, else the store, else the tower (write queued)
-    sources.flush(live, writes)                 # image KV and vision outputs into the stores
+    turn_stores = TurnStores(handle, kv_store, encoder_store, TurnPolicy(reuse="kv"))
+    segment, tier = turn_stores.kv(image)           # (KVSegment, "memory") or (None, None)
+    tier = turn_stores.encoder_tier(image)          # "memory" | "disk" | "computed": a lookup, no tower
+    features = turn_stores.features(image)          # the memo, else the store, else the tower (write queued)
+    turn_stores.flush(live, writes)                 # image KV and vision outputs into the stores
 
 A policy whose ``reads_stores`` is false (``reuse="none"``) never reads or writes the stores; one that does not
 ``splices_kv`` (``"encoder"``) never looks image KV up.
@@ -34,7 +34,7 @@ from ..policy import TurnPolicy
 from .live import LiveCache
 from .plan import StoreWrite
 
-__all__ = ["TurnSources", "inputs_nbytes", "prepare_image", "preprocess"]
+__all__ = ["TurnStores", "inputs_nbytes", "prepare_image", "preprocess"]
 
 
 def preprocess(handle: ModelHandle, image: ConversationImage) -> ImageInputs:
@@ -49,10 +49,10 @@ def inputs_nbytes(inputs: ImageInputs) -> int:
 
 def prepare_image(
     handle: ModelHandle, source: ImageSource, max_pixels: int, policy: TurnPolicy, encoder_store: EncoderStore,
-    pixels: MemoryTier,
+    vision_inputs: MemoryTier,
 ) -> ConversationImage:  # fmt: skip
     """``source`` (PIL image, path or bytes) normalised and keyed for ``handle`` (over ``max_pixels``: refused);
-    unless its vision outputs are stored already (and ``policy`` reads stores), also preprocessed into ``pixels``
+    unless its vision outputs are stored already (and ``policy`` reads stores), also preprocessed into ``vision_inputs``
     now, so a turn that needs the vision tower does not pay for it in its time to first token. Raises the
     ``mmkv.ImageError`` of a bad image."""
     image = load_image(source, max_pixels=max_pixels)
@@ -60,15 +60,15 @@ def prepare_image(
     record = ConversationImage(
         image, image_digest(image, processor, handle.fingerprint), processor.image_grid(image)
     )
-    if record.digest not in pixels and (
+    if record.digest not in vision_inputs and (
         not policy.reads_stores or not encoder_store.contains(record.digest, handle)
     ):
         inputs = preprocess(handle, record)
-        pixels.put(record.digest, inputs, inputs_nbytes(inputs))
+        vision_inputs.put(record.digest, inputs, inputs_nbytes(inputs))
     return record
 
 
-class TurnSources:
+class TurnStores:
     """Store and encoder lookups of one turn, their memo, and the writes queued for after the first token."""
 
     def __init__(
@@ -77,11 +77,11 @@ class TurnSources:
         kv_store: KVStore,
         encoder_store: EncoderStore,
         policy: TurnPolicy,
-        pixels: MemoryTier | None = None,
+        vision_inputs: MemoryTier | None = None,
     ) -> None:
-        """``policy``: the turn's (what it reads and writes); ``pixels``: preprocessed vision-tower inputs by digest (made when the image was added), if any."""
+        """``policy``: the turn's (what it reads and writes); ``vision_inputs``: preprocessed vision-tower inputs by digest (made when the image was added), if any."""
         self.handle = handle
-        self.pixels = pixels
+        self.vision_inputs = vision_inputs
         self.kv_store = kv_store
         self.encoder_store = encoder_store
         self.policy = policy
@@ -116,7 +116,7 @@ class TurnSources:
         self.encoder_tier(image)  # a store hit lands in the memo
         if image.digest in self._features:
             return self._features[image.digest][0]
-        inputs = None if self.pixels is None else self.pixels.get(image.digest)
+        inputs = None if self.vision_inputs is None else self.vision_inputs.get(image.digest)
         if inputs is None:
             inputs = preprocess(self.handle, image)
         computed = encode_images(self.handle, inputs)
