@@ -126,11 +126,17 @@ def _re_exports(sources: dict[str, tuple[bool, str]]) -> list[str]:
                     continue
                 for alias in node.names:
                     if alias.name not in defined[base] and f"{base}.{alias.name}" not in sources:
-                        found.append(f"{name}:{node.lineno} imports {alias.name} from {base}, which only imports it")
+                        found.append(
+                            f"{name}:{node.lineno} imports {alias.name} from {base}, which only imports it"
+                        )
             elif isinstance(node, ast.Assign) and not is_package and node in tree.body:
                 if any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
                     listed = [e.value for e in getattr(node.value, "elts", ()) if isinstance(e, ast.Constant)]
-                    found += [f"{name}.__all__ lists {x}, defined elsewhere" for x in listed if x not in defined[name]]
+                    found += [
+                        f"{name}.__all__ lists {x}, defined elsewhere"
+                        for x in listed
+                        if x not in defined[name]
+                    ]
     return sorted(found)
 
 
@@ -168,3 +174,44 @@ def test_the_re_export_finder_finds_each_form():
         "p.c:1 imports A from p.b, which only imports it",
         "p.c:2 imports A from p.b, which only imports it",
     ]
+
+
+def _test_module_imports(sources: dict[str, tuple[bool, str]]) -> list[str]:
+    """Imports of one test module (``tests....test_*``) by another module: shared helpers live in
+    ``tests.helpers`` (or a folder's ``conftest``), so that running one test file never runs another's setup."""
+    found = []
+    for name, (_, text) in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                leaf = node.module.rpartition(".")[2]
+                if node.module.startswith("tests.") and leaf.startswith("test_"):
+                    found.append(f"{name}:{node.lineno} imports {node.module}")
+    return sorted(found)
+
+
+def test_no_module_imports_a_test_module():
+    """The shared test helpers have one home (tests/helpers.py); no test, benchmark or eval imports a test
+    module; and the checker reports a planted one."""
+    assert _test_module_imports(_project_sources()) == []
+    planted = {
+        "tests.a.test_b": (
+            False,
+            "from tests.runtime.test_plan import FakeStores\nfrom tests.helpers import X\n",
+        )
+    }
+    assert _test_module_imports(planted) == ["tests.a.test_b:1 imports tests.runtime.test_plan"]
+
+
+def test_test_files_mirror_the_runtime_and_serve_modules():
+    """Every module with logic under mmkv/runtime, mmkv/serve and mmkv/engine has its own test file in the
+    mirrored folder (tests/runtime/test_<name>.py, ...); root modules' tests sit in tests/."""
+    missing = []
+    for package in ("runtime", "serve", "engine"):
+        for path in (PACKAGE / package).glob("*.py"):
+            if (
+                path.name != "__init__.py"
+                and not (REPO / "tests" / package / f"test_{path.stem}.py").exists()
+            ):
+                missing.append(f"mmkv/{package}/{path.name}")
+    assert not (REPO / "tests" / "runtime" / "test_toolcalls.py").exists()  # toolcalls is a root module
+    assert missing == [], missing

@@ -14,33 +14,13 @@ import mmkv.prompt
 from mmkv.cache import EncoderStore, KVStore
 from mmkv.kv import append_to_cache, new_cache, prefill_span
 from tests.conftest import random_image
+from tests.helpers import full_forward_logits
 
 
 def _images(handle, n=3):
     patch = handle.processor.patch_size
     grids = [(4, 6), (6, 2), (2, 8), (4, 4)]
     return [random_image(10 + i, grids[i], patch) for i in range(n)]
-
-
-def _full_forward_logits(handle, session: mmkv.Session, question: str) -> torch.Tensor:
-    """The model's own forward (pixels, get_rope_index) over the processor's rendering of the conversation."""
-    messages = [dict(m, content=list(m["content"])) for m in session.messages]
-    if messages and messages[-1]["role"] == "user":  # the session joins the question to the user's message
-        messages[-1]["content"].append({"type": "text", "text": question})
-    else:
-        messages.append({"role": "user", "content": [{"type": "text", "text": question}]})
-    proc = handle.processor
-    images = [
-        session.images[item["image_index"]].pixels
-        for m in messages
-        for item in m["content"]
-        if item["type"] == "image"
-    ]
-    inputs = proc(proc.apply_chat_template(messages), images or None)
-    with torch.inference_mode():
-        out = handle.model(**inputs)
-    handle.model.model.rope_deltas = None
-    return out.logits[0, -1].float()
 
 
 def _max_abs(a, b) -> float:
@@ -78,7 +58,7 @@ def test_none_and_encoder_equal_the_models_own_forward_over_turns(tiny):
             session.add_text(f"turn {turn}:")
             for image in step:
                 session.add_image(image)
-        reference = _full_forward_logits(tiny, sessions["none"], "Which one?")
+        reference = full_forward_logits(tiny, sessions["none"], "Which one?")
         logits = {p: s.next_token_logits("Which one?") for p, s in sessions.items()}
         assert _max_abs(logits["none"], reference) <= 1e-4
         assert _max_abs(logits["encoder"], reference) <= 1e-4
@@ -102,7 +82,7 @@ def test_kv_after_the_same_preamble_equals_full_recompute(tiny):
     second = mmkv.Session(tiny, store=store)
     second.add_image(image)
     logits = second.next_token_logits("What colour dominates?")
-    reference = _full_forward_logits(tiny, second, "What colour dominates?")
+    reference = full_forward_logits(tiny, second, "What colour dominates?")
     assert _max_abs(logits, reference) <= 1e-4
     answer = second.ask("What colour dominates?", max_new_tokens=2)
     assert answer.images[0].source in ("memory", "live")
@@ -127,7 +107,7 @@ def test_moved_image_rerotated_is_closer_than_unrotated(tiny_by_name, name):
         session.add_text(" ".join(["Here is a long history of earlier steps in the task."] * 4))
         session.add_image(image)
         logits = session.next_token_logits("Describe it.")
-        reference = _full_forward_logits(tiny, session, "Describe it.")
+        reference = full_forward_logits(tiny, session, "Describe it.")
         cosines[rotate] = F.cosine_similarity(logits, reference, dim=0).item()
     assert cosines[True] > cosines[False]
 
@@ -195,7 +175,7 @@ def test_kv_seams_that_recompute_pads_stay_exact_in_the_same_context(tiny, seam)
     session = mmkv.Session(tiny, store=store, seam=seam, encoder_store=warm.encoder_store)
     session.add_image(image)
     logits = session.next_token_logits("Describe it.")
-    assert _max_abs(logits, _full_forward_logits(tiny, session, "Describe it.")) <= 1e-4
+    assert _max_abs(logits, full_forward_logits(tiny, session, "Describe it.")) <= 1e-4
     assert session.last_prefill.images[0].source == "memory"
     assert session.last_prefill.prefilled == session.last_prefill.prompt_tokens - (
         session.last_prefill.reused
@@ -355,4 +335,4 @@ def test_images_in_the_system_message_equal_the_models_own_forward(tiny):
     session.add_image(image, role="system")
     assert [m["role"] for m in session.messages] == ["system"]
     logits = session.next_token_logits("Is this the reference?")
-    assert _max_abs(logits, _full_forward_logits(tiny, session, "Is this the reference?")) <= 1e-4
+    assert _max_abs(logits, full_forward_logits(tiny, session, "Is this the reference?")) <= 1e-4

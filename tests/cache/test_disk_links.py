@@ -15,7 +15,7 @@ from mmkv.cache import disk, sweep
 from mmkv.cache.disk import DiskTier
 from mmkv.cache.sweep import ORPHAN_AGE_S
 from mmkv.errors import StoreUnavailableError
-from tests.cache.test_faults import BIG, _point_row_at, _rows
+from tests.helpers import BIG, point_row_at, sqlite_rows
 
 NAME = "0" * 28 + ".val"  # a value file's name
 DECOY = b"DECOY outside the store"
@@ -150,7 +150,7 @@ def test_a_row_naming_a_link_or_a_fifo_is_corrupt_and_never_read(places, form, m
     for number, key in enumerate(("k", "other"), start=1):
         assert tier.put(key, b"v" * BIG)
         name = _plant(store, outside, form, monkeypatch)
-        _point_row_at(store, key, name)
+        point_row_at(store, key, name)
         before = _snapshot(outside)
         assert tier.get(key) is None and tier.corrupt == number and key not in tier
         assert _snapshot(outside) == before
@@ -177,7 +177,7 @@ def test_a_write_never_lands_through_a_planted_folder_link(places, monkeypatch):
     assert _snapshot(outside) == before and sorted(p.name for p in (outside / "bb").iterdir()) == [NAME]
     monkeypatch.setattr(disk._BytesOnlyDisk, "filename", real_filename)
     assert tier.put("k", b"v" * BIG) and tier.get("k") == b"v" * BIG
-    assert all(not name.startswith("hh/") for _, name in _rows(store) if name)
+    assert all(not name.startswith("hh/") for _, name in sqlite_rows(store) if name)
 
 
 @pytest.mark.parametrize("name", ["cache.db", "cache.db-wal", "cache.db-shm"])

@@ -20,18 +20,7 @@ from mmkv.cache import KVStore
 from mmkv.cache.disk import DiskTier
 from mmkv.cache.sweep import ORPHAN_AGE_S
 from tests.conftest import random_image
-
-BIG = 200_000  # bytes: over diskcache's 32 KiB threshold, so the value lives in a file
-
-
-def _rows(path: Path) -> list[tuple[str, str | None]]:
-    with sqlite3.connect(path / "cache.db") as db:
-        return db.execute("SELECT key, filename FROM Cache").fetchall()
-
-
-def _point_row_at(path: Path, key: str, filename: str) -> None:
-    with sqlite3.connect(path / "cache.db") as db:
-        db.execute("UPDATE Cache SET filename = ? WHERE key = ?", (filename, key))
+from tests.helpers import BIG, point_row_at, sqlite_rows
 
 
 @contextmanager
@@ -79,7 +68,7 @@ def test_an_index_row_never_makes_the_store_read_or_delete_outside_it(tmp_path, 
     victim.write_bytes(b"precious")
     tier = DiskTier(store_dir)
     assert tier.put("k", b"v" * BIG) and tier.put("other", b"w" * BIG)
-    (_, good_name), *_ = [r for r in _rows(store_dir) if r[0] == "k"]
+    (_, good_name), *_ = [r for r in sqlite_rows(store_dir) if r[0] == "k"]
     # a top directory the two puts did not use (diskcache picks them at random: a fixed "ee" collided about
     # 2 times in 256)
     top = next(d for d in (f"{i:02x}" for i in range(256)) if not (store_dir / d).exists())
@@ -98,14 +87,14 @@ def test_an_index_row_never_makes_the_store_read_or_delete_outside_it(tmp_path, 
     if form == "odd-name-inside":
         victim = store_dir / "victim.txt"
         victim.write_bytes(b"precious")
-    _point_row_at(store_dir, "k", names[form])
+    point_row_at(store_dir, "k", names[form])
     before = victim.read_bytes()
     tier = DiskTier(store_dir)
     assert tier.get("k") is None and tier.corrupt == 1
     assert "k" not in tier and victim.read_bytes() == before
     assert (store_dir / good_name).exists()  # the file the row used to name is only an orphan now
     assert tier.get("other") == b"w" * BIG  # the rest of the store is untouched
-    _point_row_at(store_dir, "other", names[form])  # delete and clear go through the same guard
+    point_row_at(store_dir, "other", names[form])  # delete and clear go through the same guard
     tier.delete("other")
     tier.clear()
     assert victim.read_bytes() == before and len(tier) == 0
@@ -215,7 +204,7 @@ def test_orphaned_value_files_are_swept_when_a_store_opens(tmp_path):
     path = tmp_path / "store"
     tier = DiskTier(path)
     tier.put("k", b"v" * BIG)
-    named = path / _rows(path)[0][1]
+    named = path / sqlite_rows(path)[0][1]
     old = path / "aa" / "bb" / ("1" * 28 + ".val")
     fresh = path / "aa" / "bb" / ("2" * 28 + ".val")
     old.parent.mkdir(parents=True)
@@ -244,14 +233,14 @@ def test_a_kill_during_a_write_leaves_nothing_that_outlives_the_sweep(tmp_path):
         time.sleep(0.01)
     writer.kill()
     writer.wait()
-    assert len(_rows(path)) < 1000  # it was killed part-way
+    assert len(sqlite_rows(path)) < 1000  # it was killed part-way
     stale = time.time() - ORPHAN_AGE_S - 5
     for file in path.glob("*/*/*.val"):
         os.utime(file, (stale, stale))
     tier = DiskTier(path)
-    named = {name for _, name in _rows(path) if name}
+    named = {name for _, name in sqlite_rows(path) if name}
     left = {f.relative_to(path).as_posix() for f in path.glob("*/*/*.val")}
     assert left == named, (left - named, tier.orphans_removed)
-    for key, _ in _rows(path):
+    for key, _ in sqlite_rows(path):
         data = tier.get(key)
         assert data is not None and len(set(data)) == 1 and len(data) == 3_000_000

@@ -32,6 +32,7 @@ from mmkv.runtime.grammar import (
     vocabulary_of,
 )
 from mmkv.toolcalls import FunctionCall, format_tool_calls, parse_tool_calls
+from tests.helpers import random_object, random_tools
 
 # one or more calls as the templates write them, newline-joined, nothing else
 _BLOCK = r'<tool_call>\n\{"name": "[\w-]+", "arguments": \{.*?\}\}\n</tool_call>'
@@ -47,36 +48,6 @@ def handle(request) -> mmkv.ModelHandle:
 
 
 # ---- random bounded schemas, and the most bytes a compact value of each can take ----
-
-
-def random_schema(rng: random.Random, depth: int = 0) -> dict:
-    """A bounded schema: integers with min/max, strings with maxLength, booleans, enums, arrays with maxItems,
-    objects with required fields and no additional properties, nested up to depth 2."""
-    kinds = ["integer", "string", "boolean", "enum"] + (["array", "object"] if depth < 2 else [])
-    kind = rng.choice(kinds)
-    if kind == "integer":
-        low = rng.randint(-1000, 1000)
-        return {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 5000)}
-    if kind == "string":
-        return {"type": "string", "maxLength": rng.randint(0, 8)} | (
-            {"minLength": 1} if rng.random() < 0.3 else {}
-        )
-    if kind == "boolean":
-        return {"type": "boolean"}
-    if kind == "enum":
-        return {"enum": rng.sample(["red", "green", "a b", 'q"uote', 7, -3, True, None], rng.randint(1, 4))}
-    if kind == "array":
-        return {"type": "array", "items": random_schema(rng, depth + 1), "maxItems": rng.randint(0, 3)}
-    return random_object(rng, depth + 1)
-
-
-def random_object(rng: random.Random, depth: int = 0) -> dict:
-    """An object of 1-4 random properties, some required, half with additionalProperties: false."""
-    names = rng.sample(["name", "count", "ok", "items", "where", "kind", "x"], rng.randint(1, 4))
-    properties = {name: random_schema(rng, depth) for name in names}
-    required = [name for name in names if rng.random() < 0.6]
-    closed = {"additionalProperties": False} if rng.random() < 0.5 else {}  # (closed by the grammar anyway)
-    return {"type": "object", "properties": properties, "required": required} | closed
 
 
 def max_bytes(schema: dict) -> int:
@@ -114,13 +85,6 @@ def is_hermes(text: str) -> bool:
         return False
     parsed = parse_tool_calls(text)
     return bool(HERMES_TEXT.fullmatch(text)) and bool(parsed.calls) and not parsed.malformed
-
-
-def random_tools(rng: random.Random) -> list[dict]:
-    names = rng.sample(["click", "type_text", "scroll", "open-url", "wait", "drag"], rng.randint(1, 4))
-    return [
-        {"type": "function", "function": {"name": name, "parameters": random_object(rng)}} for name in names
-    ]
 
 
 # ---- driving a constraint with random logits ----

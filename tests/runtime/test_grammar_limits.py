@@ -5,7 +5,6 @@ declared bytes than its bound, and a single-call tool grammar never admits a sec
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 
@@ -29,42 +28,12 @@ from mmkv.runtime.grammar import (
 )
 from mmkv.runtime.json_schemas import MAX_SCHEMA_DEPTH, MAX_SCHEMA_NODES, _check_bounds
 from mmkv.toolcalls import parse_tool_calls
-
-_unique = itertools.count()
+from tests.helpers import LIMITS, fresh, nested_any_of
 
 
 @pytest.fixture(scope="module")
 def handle() -> mmkv.ModelHandle:
     return mmkv.load("tiny-qwen3-vl", device="cpu")
-
-
-def fresh(schema: dict) -> dict:
-    """``schema`` with a description no other test's schema has: neither its checks nor its grammar are
-    cached yet."""
-    return {**schema, "description": f"fresh {next(_unique)} {time.monotonic_ns()}"}
-
-
-def nested_any_of(depth: int) -> dict:
-    """``depth`` levels of anyOf, each an integer or the level below (2 * depth objects and arrays deep)."""
-    schema: dict = {"type": "integer"}
-    for _ in range(depth):
-        schema = {"anyOf": [{"type": "string", "maxLength": 2}, schema]}
-    return schema
-
-
-# every form is an object schema, so that it is a tool's parameters as it stands
-LIMITS = {
-    "recursive $defs": {"type": "object", "$defs": {"node": {"type": "object", "properties": {
-        "next": {"$ref": "#/$defs/node"}}, "required": ["next"]}}, "$ref": "#/$defs/node"},
-    "$ref to the root": {"type": "object", "$ref": "#"},
-    "two-definition loop": {"type": "object", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
-                            "$ref": "#/$defs/a"},
-    "5,000 optional properties": {"type": "object",
-                                  "properties": {f"p{i}": {"type": "integer"} for i in range(5000)}},
-    "800 optional properties": {"type": "object",
-                                "properties": {f"p{i}": {"type": "integer"} for i in range(800)}},
-    "deeply nested anyOf": {"type": "object", "properties": {"v": nested_any_of(MAX_SCHEMA_DEPTH)}},
-}  # fmt: skip
 
 
 def built(schema: dict, how: str, handle: mmkv.ModelHandle):

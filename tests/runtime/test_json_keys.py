@@ -28,6 +28,7 @@ from mmkv.runtime.grammar import (
     vocabulary_of,
 )
 from mmkv.runtime.json_keys import KeyGuard
+from tests.helpers import strict_loads
 
 
 def named(tokens: list[bytes], prefix: bytes) -> list[bytes]:
@@ -185,18 +186,6 @@ def test_asking_never_moves_the_guard():
 
 
 # ---- end to end: a real grammar, logits pushed towards repeating keys ----
-
-
-def strict_loads(text: str):
-    """``json.loads`` that refuses an object with a key twice (as a strict parser does)."""
-
-    def unique(pairs):
-        keys = [k for k, _ in pairs]
-        if len(set(keys)) < len(keys):
-            raise ValueError(f"duplicate key in {keys}")
-        return dict(pairs)
-
-    return json.loads(text, object_pairs_hook=unique)
 
 
 def drive_to_repeat(

@@ -5,72 +5,27 @@ from __future__ import annotations
 
 import pytest
 import torch
-from PIL import Image
 
 from mmkv.errors import StoreMismatchError
-from mmkv.kv.segment import KVSegment
-from mmkv.messages import ConversationImage
-from mmkv.mrope import RotaryLayout
-from mmkv.prompt.layout import PromptLayout, PromptPiece, SegmentAnchor
+from mmkv.prompt.layout import SegmentAnchor
 from mmkv.runtime import FeatureSlice, Plan, StoreWrite, TurnPolicy, plan_replace, plan_turn
-
-TEXT, START, PAD, END = 7, 1, 2, 3  # synthetic ids: any text, <|vision_start|>, <|image_pad|>, <|vision_end|>
-ROTARY = RotaryLayout("sectioned", (1, 1, 2), torch.ones(4))
-
-
-def _segment(ids: list[int], digest: str = "") -> KVSegment:
-    n = len(ids)
-    return KVSegment(
-        torch.zeros(2, 1, 1, n, 8), torch.zeros(2, 1, 1, n, 8), torch.tensor(ids), torch.zeros(3, n, dtype=torch.long),
-        "image" if PAD in ids else "text", digest, ROTARY,
-    )  # fmt: skip
-
-
-def _image(digest: str) -> ConversationImage:
-    return ConversationImage(Image.new("RGB", (4, 4)), digest, (1, 4, 4))
-
-
-def _layout(spec: list, segments: tuple[SegmentAnchor, ...] = ()) -> PromptLayout:
-    """``spec``: ``("text", n)`` runs and ``("image", num_pads, conversation image index)`` pieces."""
-    ids, pieces, order, cursor = [], [], [], 0
-    for entry in spec:
-        if entry[0] == "text":
-            piece_ids = [TEXT] * entry[1]
-            pieces.append(PromptPiece("text", cursor, len(piece_ids)))
-        else:
-            piece_ids = [START] + [PAD] * entry[1] + [END]
-            pieces.append(PromptPiece("image", cursor, len(piece_ids), len(order), (1, 4, 4)))
-            order.append(entry[2])
-        ids += piece_ids
-        cursor += len(piece_ids)
-    positions = torch.arange(cursor).expand(3, -1).clone()
-    return PromptLayout(torch.tensor(ids), positions, tuple(pieces), tuple(order), None, None, segments)
-
-
-class FakeStores:
-    """Store answers by digest: KV segments with their tier, encoder tiers (default "computed")."""
-
-    def __init__(self, kv=None, encoder=None):
-        self.kv_hits = kv or {}
-        self.encoder = encoder or {}
-        self.asked: list[str] = []
-
-    def kv(self, image):
-        self.asked.append(image.digest)
-        return self.kv_hits.get(image.digest, (None, None))
-
-    def encoder_tier(self, image):
-        return self.encoder.get(image.digest, "computed")
-
-
-IMAGES = [_image("a"), _image("b"), _image("c")]
-IMAGE_IDS = [START, PAD, PAD, PAD, PAD, END]  # a 4-pad image span
+from tests.helpers import (
+    END,
+    IMAGE_IDS,
+    IMAGES,
+    PAD,
+    START,
+    TEXT,
+    FakeStores,
+    synthetic_layout,
+    synthetic_segment,
+)
 
 
 def test_cold_turn_computes_everything_and_stores_each_image_under_kv():
     """Empty live cache, nothing stored: one computed run over the whole prompt, every image's vision outputs
     in order, a store write per image, each image "computed"."""
-    layout = _layout([("text", 3), ("image", 4, 0), ("text", 2), ("image", 4, 1), ("text", 2)])
+    layout = synthetic_layout([("text", 3), ("image", 4, 0), ("text", 2), ("image", 4, 1), ("text", 2)])
     plan = plan_turn(layout, IMAGES, 0, TurnPolicy("kv"), FakeStores())
     assert plan.keep == 0 and plan.splices == () and plan.computed == ((0, 19),)
     assert plan.features == (FeatureSlice(0, range(4)), FeatureSlice(1, range(4)))
@@ -82,9 +37,13 @@ def test_cold_turn_computes_everything_and_stores_each_image_under_kv():
 @pytest.mark.parametrize("reuse", ["encoder", "none"])
 def test_other_policies_never_splice_or_store(reuse):
     """Under encoder/none the store is not asked, nothing is written; the encoder tier is reported."""
-    turn_stores = FakeStores(kv={"a": (_segment(IMAGE_IDS, "a"), "memory")}, encoder={"a": "disk"})
+    turn_stores = FakeStores(kv={"a": (synthetic_segment(IMAGE_IDS, "a"), "memory")}, encoder={"a": "disk"})
     plan = plan_turn(
-        _layout([("text", 2), ("image", 4, 0), ("text", 2)]), IMAGES, 0, TurnPolicy(reuse), turn_stores
+        synthetic_layout([("text", 2), ("image", 4, 0), ("text", 2)]),
+        IMAGES,
+        0,
+        TurnPolicy(reuse),
+        turn_stores,
     )
     assert turn_stores.asked == [] and plan.splices == () and plan.writes == ()
     assert (plan.images[0].source, plan.images[0].encoder) == (
@@ -96,7 +55,7 @@ def test_other_policies_never_splice_or_store(reuse):
 
 def test_a_full_live_prefix_computes_only_the_last_token():
     """Everything but the last token live: the images are "live", one token computed, nothing looked up."""
-    layout = _layout([("text", 3), ("image", 4, 0), ("text", 4)])
+    layout = synthetic_layout([("text", 3), ("image", 4, 0), ("text", 4)])
     turn_stores = FakeStores()
     plan = plan_turn(layout, IMAGES, layout.num_tokens - 1, TurnPolicy("kv"), turn_stores)
     assert plan.computed == ((12, 1),) and plan.splices == () and plan.features == ()
@@ -107,8 +66,8 @@ def test_a_full_live_prefix_computes_only_the_last_token():
 def test_a_store_hit_at_another_position_splices_after_its_seam(seam):
     """An image hit in the store, landing after a kept prefix: its first ``seam`` tokens are computed (the start
     marker, then seam - 1 pads from its vision outputs), the rest spliced from the stored segment."""
-    stored = _segment(IMAGE_IDS, "b")
-    layout = _layout([("text", 5), ("image", 4, 1), ("text", 3)])
+    stored = synthetic_segment(IMAGE_IDS, "b")
+    layout = synthetic_layout([("text", 5), ("image", 4, 1), ("text", 3)])
     plan = plan_turn(layout, IMAGES, 5, TurnPolicy("kv", seam=seam), FakeStores(kv={"b": (stored, "disk")}))
     assert plan.images[0].source == "disk" and plan.writes == ()
     assert plan.images[0].encoder == ("computed" if seam > 1 else None)  # seam pads need vision outputs
@@ -121,8 +80,8 @@ def test_a_store_hit_at_another_position_splices_after_its_seam(seam):
 
 def test_a_stored_segment_for_other_tokens_is_refused():
     """A stored segment whose ids are not the image's span raises StoreMismatchError (never spliced)."""
-    layout = _layout([("text", 2), ("image", 4, 0), ("text", 2)])
-    wrong = _segment([START, PAD, PAD, END], "a")
+    layout = synthetic_layout([("text", 2), ("image", 4, 0), ("text", 2)])
+    wrong = synthetic_segment([START, PAD, PAD, END], "a")
     with pytest.raises(StoreMismatchError, match="other tokens"):
         plan_turn(layout, IMAGES, 0, TurnPolicy("kv"), FakeStores(kv={"a": (wrong, "memory")}))
 
@@ -131,9 +90,9 @@ def test_window_slide_splices_moved_images_and_cut_off_text():
     """A window slide: the first image left, so everything after the system text moved. The kept image comes
     from the store, the text that followed it from the cut-off live text, and only new text is computed."""
     # prompt: system text (3) | image b (6) | "click" text that was cut off the live cache (4) | new text (3)
-    layout = _layout([("text", 3), ("image", 4, 1), ("text", 7)])
-    cut_text = _segment([TEXT] * 4)
-    turn_stores = FakeStores(kv={"b": (_segment(IMAGE_IDS, "b"), "memory")})
+    layout = synthetic_layout([("text", 3), ("image", 4, 1), ("text", 7)])
+    cut_text = synthetic_segment([TEXT] * 4)
+    turn_stores = FakeStores(kv={"b": (synthetic_segment(IMAGE_IDS, "b"), "memory")})
     plan = plan_turn(layout, IMAGES, 3, TurnPolicy("kv", seam=0), turn_stores, reusable_text=[cut_text])
     assert [(s.start, s.end) for s in plan.splices] == [(3, 9), (9, 13)]
     assert plan.computed == ((13, 3),) and plan.reused == 13
@@ -142,8 +101,10 @@ def test_window_slide_splices_moved_images_and_cut_off_text():
 
 def test_the_last_token_is_computed_even_when_cached_text_covers_it():
     """Cut-off text matching the whole tail: spliced except its last token, which is computed."""
-    layout = _layout([("text", 6)])
-    plan = plan_turn(layout, IMAGES, 2, TurnPolicy("kv"), FakeStores(), reusable_text=[_segment([TEXT] * 4)])
+    layout = synthetic_layout([("text", 6)])
+    plan = plan_turn(
+        layout, IMAGES, 2, TurnPolicy("kv"), FakeStores(), reusable_text=[synthetic_segment([TEXT] * 4)]
+    )
     assert [(s.start, s.end) for s in plan.splices] == [(2, 5)] and plan.computed == ((5, 1),)
 
 
@@ -151,8 +112,8 @@ def test_the_last_token_is_computed_even_when_cached_text_covers_it():
 def test_a_precompiled_segment_splices_after_its_seam(seam):
     """A precompiled text segment the layout places inside a text run: preceding text computed, its first
     ``seam`` tokens computed, the rest spliced; the run's remaining text computed."""
-    skill = _segment([TEXT] * 6)
-    layout = _layout([("text", 12)], segments=(SegmentAnchor(3, skill, seam),))
+    skill = synthetic_segment([TEXT] * 6)
+    layout = synthetic_layout([("text", 12)], segments=(SegmentAnchor(3, skill, seam),))
     plan = plan_turn(layout, IMAGES, 0, TurnPolicy("kv"), FakeStores())
     assert [(s.start, s.end) for s in plan.splices] == [(3 + seam, 9)]
     assert plan.computed == ((0, 3 + seam), (9, 3))
@@ -163,8 +124,12 @@ def test_a_precompiled_segment_splices_after_its_seam(seam):
 def test_a_field_edit_replan_keeps_the_prefix_and_splices_the_moved_tail():
     """plan_replace for a value that grew by one token: [begin, new_end) computed, the old tail spliced (moved),
     selected extra tokens computed in between; image pads among them take their vision-output rows."""
-    layout = _layout([("text", 4), ("text", 3), ("image", 4, 2), ("text", 3)])  # field value at [4, 7)
-    old_tail = _segment([TEXT] * 0 + IMAGE_IDS + [TEXT] * 3)  # the old entries after the value (9 tokens)
+    layout = synthetic_layout(
+        [("text", 4), ("text", 3), ("image", 4, 2), ("text", 3)]
+    )  # field value at [4, 7)
+    old_tail = synthetic_segment(
+        [TEXT] * 0 + IMAGE_IDS + [TEXT] * 3
+    )  # the old entries after the value (9 tokens)
     plan = plan_replace(layout, 4, 6, 7, old_tail, extra=[9, 14])
     assert plan.keep == 4 and not plan.logits_at_end
     assert plan.computed == ((4, 3), (9, 1), (14, 1))
@@ -183,19 +148,21 @@ def test_a_plan_must_tile_the_prompt():
     with pytest.raises(ValueError, match="last token"):
         from mmkv.runtime import Splice
 
-        Plan(10, 0, (Splice(8, _segment([TEXT, TEXT])),), ((0, 8),), ())
+        Plan(10, 0, (Splice(8, synthetic_segment([TEXT, TEXT])),), ((0, 8),), ())
 
 
 def test_placed_segments_are_recorded_with_their_seams():
     """``Plan.placed`` lists every cached segment put at new positions, seam included: a store-hit image, a
     precompiled text, cut-off live text; computed images and plain text are not placed; another policy places
     nothing."""
-    skill = _segment([TEXT] * 5)
-    layout = _layout(
+    skill = synthetic_segment([TEXT] * 5)
+    layout = synthetic_layout(
         [("text", 10), ("image", 4, 0), ("image", 4, 1), ("text", 6)], segments=(SegmentAnchor(4, skill, 2),)
     )
-    turn_stores = FakeStores(kv={"a": (_segment(IMAGE_IDS, "a"), "memory")})  # image 1 ("b") misses
-    plan = plan_turn(layout, IMAGES, 1, TurnPolicy("kv"), turn_stores, reusable_text=[_segment([TEXT] * 2)])
+    turn_stores = FakeStores(kv={"a": (synthetic_segment(IMAGE_IDS, "a"), "memory")})  # image 1 ("b") misses
+    plan = plan_turn(
+        layout, IMAGES, 1, TurnPolicy("kv"), turn_stores, reusable_text=[synthetic_segment([TEXT] * 2)]
+    )
     # [0] kept | [1, 3) cut-off text | [3, 4) text | [4, 9) skill (seam 2) | [9, 10) text | image a [10, 16) |
     # image b [16, 22) computed | [22, 28) text
     assert plan.placed == ((1, 2), (4, 5), (10, 6))

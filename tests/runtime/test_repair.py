@@ -17,8 +17,15 @@ from mmkv.runtime import FeatureSlice, LiveCache, TurnPolicy, TurnStores, plan_t
 from mmkv.runtime.ranking import PROBE_TOKENS
 from mmkv.runtime.repair import choose, recompute_within, repair_plan, repair_stats
 from tests.conftest import random_image
-from tests.runtime.test_plan import IMAGE_IDS, IMAGES, TEXT, FakeStores, _layout, _segment
-from tests.test_session import _full_forward_logits
+from tests.helpers import (
+    IMAGE_IDS,
+    IMAGES,
+    TEXT,
+    FakeStores,
+    full_forward_logits,
+    synthetic_layout,
+    synthetic_segment,
+)
 
 HISTORY = "Here is a long history of earlier steps in the task, unrelated to the picture. " * 3
 
@@ -27,8 +34,8 @@ HISTORY = "Here is a long history of earlier steps in the task, unrelated to the
 def test_recompute_within_splits_the_splices_and_redraws_the_vision_rows():
     """Chosen spliced indices become computed: the splice around them is split (the pieces keep their tokens),
     computed runs merge with neighbours, computed pads take their vision-output rows; the plan still tiles."""
-    stored = _segment(IMAGE_IDS, "b")  # [START, PAD x 4, END]
-    layout = _layout([("text", 5), ("image", 4, 1), ("text", 3)])  # image at [5, 11)
+    stored = synthetic_segment(IMAGE_IDS, "b")  # [START, PAD x 4, END]
+    layout = synthetic_layout([("text", 5), ("image", 4, 1), ("text", 3)])  # image at [5, 11)
     plan = plan_turn(layout, IMAGES, 5, TurnPolicy("kv", seam=1), FakeStores(kv={"b": (stored, "disk")}))
     assert [(s.start, s.end) for s in plan.splices] == [(6, 11)]
     repaired = recompute_within(plan, layout, [6, 8, 10])
@@ -55,10 +62,16 @@ def test_choose_takes_the_top_scores_per_segment_or_the_leading_tokens():
 
 def test_repair_stats_count_what_each_placed_segment_recomputes():
     """Placed tokens, those computed in context (seams and choice), and the spliced images' share of both."""
-    skill = _segment([TEXT] * 6)
-    layout = _layout([("text", 10), ("image", 4, 0), ("text", 2)], segments=(SegmentAnchor(2, skill, 2),))
+    skill = synthetic_segment([TEXT] * 6)
+    layout = synthetic_layout(
+        [("text", 10), ("image", 4, 0), ("text", 2)], segments=(SegmentAnchor(2, skill, 2),)
+    )
     plan = plan_turn(
-        layout, IMAGES, 0, TurnPolicy("kv", seam=1), FakeStores(kv={"a": (_segment(IMAGE_IDS), "memory")})
+        layout,
+        IMAGES,
+        0,
+        TurnPolicy("kv", seam=1),
+        FakeStores(kv={"a": (synthetic_segment(IMAGE_IDS), "memory")}),
     )
     stats = repair_stats(recompute_within(plan, layout, [5, 12]), layout, chosen=2)
     assert (stats.placed, stats.recomputed, stats.chosen) == (12, 5, 2)  # skill 2 + 1, image 1 + 1
@@ -106,7 +119,7 @@ def test_a_repair_in_the_same_context_is_exact_and_honours_its_budget(tiny, repa
     plain.next_token_logits("Describe it.")
     session = _session(tiny, stores, images, repair=repair, budget=0.3)
     logits = session.next_token_logits("Describe it.")
-    assert (logits - _full_forward_logits(tiny, session, "Describe it.")).abs().max().item() <= 1e-4
+    assert (logits - full_forward_logits(tiny, session, "Describe it.")).abs().max().item() <= 1e-4
     stats, base = session.last_prefill, plain.last_prefill
     lengths = [
         piece.length for piece in session.prompt_layout("Describe it.").pieces if piece.kind == "image"
@@ -127,7 +140,7 @@ def test_a_whole_budget_in_another_context_equals_full_recompute(tiny, repair):
     image = _image(tiny)
     stores = _warm(tiny, [image])
     whole = _session(tiny, stores, [image], HISTORY, repair=repair, budget=1.0)
-    reference = _full_forward_logits(tiny, whole, "Describe it.")
+    reference = full_forward_logits(tiny, whole, "Describe it.")
     assert (whole.next_token_logits("Describe it.") - reference).abs().max().item() <= 1e-4
     assert whole.last_prefill.prefilled == whole.last_prefill.prompt_tokens
     seam = _session(tiny, stores, [image], HISTORY).next_token_logits("Describe it.")

@@ -16,7 +16,7 @@ import torch
 
 import mmkv
 from mmkv.runtime import grammar
-from tests.runtime.test_grammar import random_object, random_tools
+from tests.helpers import random_object, random_tools
 
 from .conftest import data_url, png, user
 

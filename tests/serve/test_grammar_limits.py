@@ -35,8 +35,7 @@ from mmkv.serve import Engine, ServerConfig
 from mmkv.serve.app import create_app
 from mmkv.serve.process import free_port
 from mmkv.serve.worker import Worker
-from tests.runtime.test_grammar_limits import LIMITS, fresh, nested_any_of
-from tests.runtime.test_json_keys import strict_loads
+from tests.helpers import LIMITS, fresh, nested_any_of, strict_loads
 
 MODEL = "tiny-qwen3-vl"
 ROOT = Path(__file__).resolve().parents[2]
