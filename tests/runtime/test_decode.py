@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
 import torch
 
 import mmkv
-from mmkv.runtime import AnswerText, DecodeOptions, Decoder, LiveCache, Sampling, TurnPolicy, run_turn
+from mmkv.runtime import DecodeOptions, Decoder, LiveCache, TurnPolicy, run_turn
 from mmkv.runtime.answer_text import token_bytes
 from mmkv.runtime.decode import end_of_turn_id, vision_token_ids
-from mmkv.runtime.sampling import choose
 
-from ..conftest import random_image, random_text_ids
+from ..conftest import random_image
 
 
 def _prompt(session: mmkv.Session, question: str):
@@ -41,62 +38,6 @@ def _scripted(handle, script: list[int], options: DecodeOptions) -> Decoder:
     return Decoder(handle, live, live.logits_for(0), options)
 
 
-def test_the_streamed_text_joined_is_the_whole_decode_for_random_tokens(tiny):
-    """For random token sequences (multi-byte characters split over tokens included), the deltas joined equal
-    the answer text, which equals decoding all tokens at once, stripped: the incremental window loses nothing."""
-    rng = np.random.default_rng(0)
-    tokenizer = tiny.tokenizer
-    multibyte = [
-        i
-        for i in range(len(tokenizer))
-        if len(token_bytes(tokenizer, i)) and token_bytes(tokenizer, i)[0] >= 0x80
-    ]
-    for trial in range(30):
-        ids = random_text_ids(tiny, rng, int(rng.integers(1, 60))).tolist()
-        if multibyte and trial % 2:
-            ids += [int(x) for x in rng.choice(multibyte, size=6)]
-            rng.shuffle(ids)
-        text = AnswerText(tokenizer)
-        deltas = "".join(text.add(t) for t in ids) + text.finish()
-        expected = tokenizer.decode(ids, skip_special_tokens=True).strip()
-        assert deltas == text.text == expected, (ids, deltas, expected)
-
-
-@pytest.mark.parametrize("stop", ["b", "ab", "\n\n", "xyz"])
-def test_stop_strings_cut_the_answer_at_their_first_appearance_whatever_the_token_split(tiny, stop):
-    """The answer ends before the first stop string, found when it spans token boundaries too; nothing after it
-    is emitted, and what was emitted before is a prefix of the final text."""
-    tokenizer = tiny.tokenizer
-    for body in ("xxab\n\nab yy", "  ab", "b", "no stop here", "aab\n\n\n"):
-        ids = tokenizer.encode(body, add_special_tokens=False)
-        text = AnswerText(tokenizer, (stop,))
-        emitted = ""
-        for token in ids:
-            emitted += text.add(token)
-            if text.stopped:
-                break
-        emitted += text.finish()
-        lead = body.lstrip()
-        expected = (lead[: lead.find(stop)] if stop in lead else lead).strip()
-        assert text.text == emitted == expected, (body, stop)
-
-
-def test_decoding_is_linear_in_the_answer(tiny):
-    """A 2000-token answer: the tokens handed to the tokenizer per step late in the answer are within 1.5x of
-    those early in it (counted, not timed; the old decode re-decoded the whole answer every step)."""
-    rng = np.random.default_rng(1)
-    ids = random_text_ids(tiny, rng, 2000).tolist()
-    text = AnswerText(tiny.tokenizer)
-    per_step = []
-    for token in ids:
-        before = text.decoded_tokens
-        text.add(token)
-        per_step.append(text.decoded_tokens - before)
-    early, late = sum(per_step[100:300]), sum(per_step[1700:1900])
-    assert late <= 1.5 * early, (early, late)
-    assert text.decoded_tokens <= 6 * len(ids)
-
-
 def test_the_answer_ends_once_for_each_reason(tiny):
     """End of turn, a stop string and the budget each end the answer with their finish reason; the token
     that ends it is never appended to the cache; a should_stop hook cancels before the next token."""
@@ -115,29 +56,6 @@ def test_the_answer_ends_once_for_each_reason(tiny):
     cancelled = Decoder(tiny, _FakeModelLive(len(tiny.tokenizer) + 64, [word] * 10),
                         torch.zeros(len(tiny.tokenizer) + 64), DecodeOptions(10), should_stop=lambda: next(calls))  # fmt: skip
     assert len(list(cancelled)) == 2 and cancelled.finish_reason == "cancelled"
-
-
-@pytest.mark.parametrize(
-    "sampling",
-    [Sampling(1e-38), Sampling(1e-30, 0.5, seed=3), Sampling(1.0, 1e-300, seed=0), Sampling(100.0, 1.0, seed=1),
-     Sampling(0.7, 0.9, seed=2**64 - 1), Sampling(0.7, 0.9, seed=-(2**63))],
-)  # fmt: skip
-def test_sampling_never_fails_at_the_edges_of_its_ranges(sampling):
-    """Tiny temperatures, a tiny top_p and the extreme seeds choose a token (the most likely one where the
-    distribution collapses onto it) instead of raising (inf/nan probabilities, an empty nucleus, overflow)."""
-    logits = torch.tensor([0.0, 5.0, -float("inf"), 4.999, 1e4 if sampling.temperature > 50 else 2.0])
-    generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
-    token = choose(logits, sampling, generator)
-    assert token != 2
-    if sampling.temperature < 1e-20 or sampling.top_p < 1e-100:
-        assert token == int(logits.argmax())
-
-
-@pytest.mark.parametrize("bad", [{"seed": 2**64}, {"seed": -(2**63) - 1}, {"temperature": -1}, {"top_p": 0}])
-def test_sampling_out_of_range_is_a_clear_value_error(bad):
-    """Seeds outside what torch takes and out-of-range settings are refused when the Sampling is made."""
-    with pytest.raises(ValueError, match=next(iter(bad))):
-        Sampling(**{"temperature": 0.7, **bad})
 
 
 def test_logprobs_are_the_log_softmax_of_the_models_own_logits(tiny):
@@ -199,7 +117,9 @@ def test_session_and_worker_use_the_same_decoder(tiny):
     live = LiveCache(tiny)
     with torch.inference_mode():
         cold = TurnPolicy(reuse="none")
-        logits, _ = run_turn(tiny, live, layout, session.conversation.images, session._turn_stores(cold), cold)
+        logits, _ = run_turn(
+            tiny, live, layout, session.conversation.images, session._turn_stores(cold), cold
+        )
         decoder = Decoder(tiny, live, logits, DecodeOptions(8))
         list(decoder)
     assert tuple(decoder.token_ids) == asked.token_ids and decoder.text == asked.text

@@ -10,16 +10,14 @@ import io
 import json
 import socket
 import threading
-import time
 
 import httpx
 import numpy as np
 import pytest
 from PIL import Image
 
-from mmkv.serve.budget import BYTES_PER_PIXEL, ByteBudget, decode_bytes
+from mmkv.serve.budget import decode_bytes
 from mmkv.serve.process import running
-from mmkv.serve.protocol import Timeout, TooLarge
 
 from .conftest import RunningServer, run_server, user
 
@@ -167,34 +165,6 @@ def _header_only_png(width: int, height: int) -> bytes:
     )
 
 
-def test_the_decode_budget_holds_across_threads_and_refuses_what_never_fits():
-    """ByteBudget: eight threads holding random amounts never hold more than the capacity together; a wait past
-    its deadline is a Timeout; an amount over the capacity is TooLarge at once."""
-    budget, peak, lock = ByteBudget(100), [0], threading.Lock()
-
-    def worker(amounts):
-        for amount in amounts:
-            with budget.hold(amount):
-                with lock:
-                    peak[0] = max(peak[0], budget.in_use)
-                time.sleep(0)
-
-    rng = np.random.default_rng(1)
-    threads = [threading.Thread(target=worker, args=(rng.integers(1, 100, 50).tolist(),)) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert 0 < peak[0] <= 100 and budget.in_use == 0
-    with budget.hold(60):
-        with pytest.raises(Timeout):
-            with budget.hold(60, deadline=time.monotonic()):
-                pass
-    with pytest.raises(TooLarge):
-        with budget.hold(101):
-            pass
-    assert decode_bytes(_png(40, 30), 10**6) == 40 * 30 * BYTES_PER_PIXEL
-    assert decode_bytes(b"not an image", 10**6) == BYTES_PER_PIXEL
 
 
 def test_decompression_heavy_images_wait_for_the_budget_and_are_answered(tmp_path):
