@@ -140,6 +140,15 @@ def load_image(source: ImageSource, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
     width or height (all ``ValueError``).
     """
     image = _open(source, max_pixels)
+    try:
+        return _decoded(image, source, max_pixels)
+    finally:
+        if image is not source:  # ours: its file (or buffer) is closed, whatever happened
+            image.close()
+
+
+def _decoded(image: Image.Image, source: ImageSource, max_pixels: int) -> Image.Image:
+    """A new RGB image of the opened ``image`` after the bound, shape and row checks (``load_image``)."""
     width, height = image.size
     if width == 0 or height == 0:
         raise EmptyImageError(f"the image is {width}x{height}; it has no pixels")

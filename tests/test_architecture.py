@@ -202,6 +202,15 @@ def test_no_module_imports_a_test_module():
     assert _test_module_imports(planted) == ["tests.a.test_b:1 imports tests.runtime.test_plan"]
 
 
+def _has_logic(source: str) -> bool:
+    """Whether a module defines any function or method beyond ``__init__`` (a module of records, such as the
+    engine's events or the metrics' declarations, has none: nothing there could be wrong on its own)."""
+    return any(
+        isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name != "__init__"
+        for node in ast.walk(ast.parse(source))
+    )
+
+
 def test_test_files_mirror_the_runtime_and_serve_modules():
     """Every module with logic under mmkv/runtime, mmkv/serve and mmkv/engine has its own test file in the
     mirrored folder (tests/runtime/test_<name>.py, ...); root modules' tests sit in tests/."""
@@ -210,8 +219,26 @@ def test_test_files_mirror_the_runtime_and_serve_modules():
         for path in (PACKAGE / package).glob("*.py"):
             if (
                 path.name != "__init__.py"
+                and _has_logic(path.read_text())
                 and not (REPO / "tests" / package / f"test_{path.stem}.py").exists()
             ):
                 missing.append(f"mmkv/{package}/{path.name}")
     assert not (REPO / "tests" / "runtime" / "test_toolcalls.py").exists()  # toolcalls is a root module
     assert missing == [], missing
+
+
+def test_only_modules_of_records_need_no_test_file_of_their_own():
+    """The check above exempts exactly the modules that define no function: a record with a method, a function
+    at module level or a nested one all count as logic; the exempt ones today are the events and the metrics."""
+    assert not _has_logic("@dataclass\nclass A:\n    x: int\n\nclass B:\n    def __init__(self):\n        pass\n")
+    for logic in ("def f():\n    pass\n", "class A:\n    def f(self):\n        pass\n",
+                  "class A:\n    @property\n    def f(self):\n        return 1\n", "async def f():\n    pass\n",
+                  "class A:\n    def __init__(self):\n        def g():\n            pass\n"):  # fmt: skip
+        assert _has_logic(logic), logic
+    exempt = sorted(
+        f"{package}/{path.name}"
+        for package in ("runtime", "serve", "engine")
+        for path in (PACKAGE / package).glob("*.py")
+        if path.name != "__init__.py" and not _has_logic(path.read_text())
+    )
+    assert exempt == ["engine/events.py", "serve/metrics.py"]

@@ -39,7 +39,7 @@ class ServerConfig:
     pool_bytes: int = 1 << 30  # live caches kept between requests (LRU by bytes)
     kv_memory_bytes: int = 2 << 30  # the KV store's memory tier (image KV, precompiled text)
     encoder_memory_bytes: int = 512 << 20  # the encoder store's memory tier (vision-tower outputs)
-    image_cache_bytes: int = 256 << 20  # decoded image records by bytes, and preprocessed pixels: each
+    image_cache_bytes: int = 256 << 20  # decoded image records by bytes, and preprocessed vision inputs: each
     decode_budget_bytes: int = 1 << 30  # pixels being decoded at once, all requests together (more wait)
     layout_cache_bytes: int = 64 << 20  # rendered message blocks and earlier requests' layouts (LRU)
     grammar_cache_bytes: int = 256 << 20  # checked schemas and compiled grammars (LRU, the engine's estimate)
