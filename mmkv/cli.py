@@ -29,7 +29,7 @@ from pathlib import Path
 from .errors import MmkvError
 from .policy import MAX_SEAM, REPAIRS, REUSE_POLICIES
 
-__all__ = ["HelpFormatter", "OneLineParser", "install_error_hook", "main", "one_line_errors"]
+__all__ = ["HelpFormatter", "OneLineParser", "install_error_hook", "main", "one_line_errors", "serve_config"]
 
 REPO = Path(__file__).resolve().parents[1]  # app/ and evals/ live beside the package in a checkout
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")  # --store URLs (the rest are directories)
@@ -218,8 +218,22 @@ def _serve_parser(sub) -> None:
 
 def _serve(args) -> None:
     _preflight(args)  # before torch: the address, --model and the store directories
+    from .serve import serve
+
+    serve(_server_config(args))
+
+
+def serve_config(argv: list[str]):
+    """The ``ServerConfig`` that ``mmkv serve ARGV`` runs (no preflight: nothing is checked or bound). Raises
+    ``MmkvError`` for a bound out of range, ``SystemExit`` (argparse) for a flag it does not take."""
+    parser = OneLineParser(prog="mmkv")
+    _serve_parser(parser.add_subparsers(dest="command", required=True))
+    return _server_config(parser.parse_args(["serve", *argv]))
+
+
+def _server_config(args):
     from .policy import TurnPolicy
-    from .serve import ServerConfig, serve
+    from .serve import ServerConfig
 
     try:
         config = ServerConfig(
@@ -261,7 +275,7 @@ def _serve(args) -> None:
         )
     except ValueError as exc:  # a bound out of range: say which, before anything loads
         raise MmkvError(f"serve: {exc}") from None
-    serve(config)
+    return config
 
 
 def _script(relative: str, argv: list[str], prog: str) -> None:

@@ -109,10 +109,11 @@ def _stop(process: subprocess.Popen) -> None:
         process.wait()
 
 
-@pytest.fixture(params=["tiny-qwen3-vl"])
-def server(tmp_path, request):
-    """The demo of ``<param>`` on a free port; yields its URL, stops it afterwards."""
-    process, url = _start_demo(tmp_path, request.param)
+@pytest.fixture(scope="module", params=["tiny-qwen3-vl"])
+def server(tmp_path_factory, request):
+    """The demo of ``<param>`` on a free port, one per model for the module's tests (each test opens its own
+    page: a Gradio session of its own, and pictures no other test sends); yields its URL, stops it afterwards."""
+    process, url = _start_demo(tmp_path_factory.mktemp("demo"), request.param)
     try:
         yield url
     finally:
@@ -183,7 +184,7 @@ def test_trajectory_in_the_browser(server, tmp_path):
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian's chromium is not installed at {CHROMIUM}")
-@pytest.mark.parametrize("server", ["small-qwen3-vl"], indirect=True)
+@pytest.mark.parametrize("server", ["small-qwen3-vl"], indirect=True, scope="module")
 def test_the_example_trajectory_answers_as_expected(server, tmp_path):
     """On the shipped model: click each example step of the trajectory and send it; every answer is the
     expected one shown on its button, and the revisit step's screenshot is a cache hit. The page's screenshot
@@ -266,7 +267,7 @@ def test_the_agent_episode_in_the_browser(server, tmp_path):
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian's chromium is not installed at {CHROMIUM}")
-@pytest.mark.parametrize("server", ["small-qwen3-vl"], indirect=True)
+@pytest.mark.parametrize("server", ["small-qwen3-vl"], indirect=True, scope="module")
 def test_the_shipped_model_runs_the_demo_episode(server, tmp_path):
     """On the retrained shipped model: every step's call is the expected one (DEMO_EPISODE_CALLS) and right, and
     from the fourth step on the earliest screenshot in the prompt is a store hit."""

@@ -1,9 +1,11 @@
-"""Real servers for the tests: ``python -m mmkv serve`` on a free port of 127.0.0.1, driven with ``openai``."""
+"""Real servers for the tests: what ``mmkv serve`` runs, on a free port of 127.0.0.1, driven with ``openai``."""
 
 from __future__ import annotations
 
 import base64
 import io
+import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -11,7 +13,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from mmkv.serve.process import ServerProcess
+from mmkv.cli import serve_config
+from mmkv.serve import http_server
+from mmkv.serve.process import ServerProcess, free_port
 from tests.conftest import random_image
 
 PATCH = 16  # tiny-qwen3-vl's patch size
@@ -37,13 +41,48 @@ class RunningServer(ServerProcess):
         return httpx.get(f"{self.base_url}{path}", headers=headers, timeout=60)
 
 
+class InProcessServer(RunningServer):
+    """``mmkv serve ARGS`` in this process: the configuration ``mmkv serve`` would run (``serve_config``), the
+    same uvicorn server on a real port of 127.0.0.1 (``http_server``) on a thread of its own, the model worker
+    on its own. What a client sees is what a server process answers; what it saves is the ~5 s a process
+    spends importing torch and transformers. Signals, exits and the process's memory are the process tests'
+    (``ServerProcess``: test_drain, test_process, test_limits' memory bounds, the gateway)."""
+
+    def __enter__(self) -> InProcessServer:
+        for _ in range(3):  # a port taken between choosing and binding it: a new one
+            argv = ["--port", str(self.port), *self.args, *(["--api-key", self.api_key] if self.api_key else [])]
+            self.http, self.engine = http_server(serve_config(argv))
+            self.thread = threading.Thread(target=self.http.run, name="mmkv-test-server", daemon=True)
+            self.thread.start()
+            while not self.http.started and self.thread.is_alive():
+                time.sleep(0.02)
+            if self.http.started:
+                return self
+            self.engine.close()  # uvicorn could not bind the port (it exits the thread)
+            self.port = free_port()
+            self.base_url = f"http://127.0.0.1:{self.port}"
+        raise RuntimeError("three free ports were taken before the server bound one")
+
+    def __exit__(self, *exc) -> None:
+        self.http.should_exit = True
+        self.thread.join()
+        self.engine.close()
+
+
 @contextmanager
 def run_server(tmp: Path, *args: str, api_key: str | None = None):
-    """``mmkv serve`` on tiny-qwen3-vl with ``args``, up once /health answers."""
-    server = RunningServer(
+    """``mmkv serve`` on tiny-qwen3-vl with ``args`` (in this process: ``InProcessServer``), up and serving."""
+    server = InProcessServer(
         ["--model", "tiny-qwen3-vl", "--device", "cpu", *args], tmp / "server.log", api_key
     )
     with server:
+        yield server
+
+
+@contextmanager
+def run_server_process(tmp: Path, *args: str, api_key: str | None = None):
+    """``python -m mmkv serve`` on tiny-qwen3-vl with ``args`` in a process of its own (signals, exits)."""
+    with RunningServer(["--model", "tiny-qwen3-vl", "--device", "cpu", *args], tmp / "server.log", api_key) as server:
         yield server
 
 

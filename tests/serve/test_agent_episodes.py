@@ -16,7 +16,7 @@ from mmkv.envs import SCREEN_TEXT, DesktopApp, FunctionCall, message_images
 from mmkv.model.registry import SHIPPED_DIR
 
 from .agent_frameworks import pydantic_ai_episode
-from .conftest import RunningServer
+from .conftest import InProcessServer
 
 pytestmark = pytest.mark.frameworks
 
@@ -132,7 +132,7 @@ MIN_STEP_ACCURACY_FRAMEWORK = 0.64
 def shipped_server(tmp_path_factory):
     if not is_tool_trained(SHIPPED):
         pytest.skip(f"checkpoints/{SHIPPED} does not call tools yet (not retrained)")
-    server = RunningServer(
+    server = InProcessServer(
         ["--model", SHIPPED, "--device", "cpu"], tmp_path_factory.mktemp("shipped") / "log"
     )
     with server:

@@ -7,13 +7,13 @@ import pytest
 import mmkv
 from app.trajectory import NEXT_ACTION, POLICY
 from examples.client import main
-from tests.serve.conftest import RunningServer
+from tests.serve.conftest import InProcessServer
 
 pytestmark = pytest.mark.shipped
 
 
 def test_the_readme_client_example_answers_like_a_session_and_reports_its_reuse(tmp_path):
-    server = RunningServer(["--model", "small-qwen3-vl", "--device", "cpu"], tmp_path / "server.log")
+    server = InProcessServer(["--model", "small-qwen3-vl", "--device", "cpu"], tmp_path / "server.log")
     with server:
         turns = main(["--base-url", f"{server.base_url}/v1"])
     assert turns[0]["answer"] == "click(approve)"  # the demo's first step, as the shipped model answers it

@@ -119,9 +119,9 @@ def test_mmkv_serve_answers_with_glm_and_reuses_its_images(tmp_path):
     the family."""
     import openai
 
-    from tests.serve.conftest import RunningServer, image_part, user
+    from tests.serve.conftest import InProcessServer, image_part, user
 
-    server = RunningServer(["--model", "tiny-glm-4.1v", "--device", "cpu"], tmp_path / "server.log")
+    server = InProcessServer(["--model", "tiny-glm-4.1v", "--device", "cpu"], tmp_path / "server.log")
     with server:
         client = server.client()
 
