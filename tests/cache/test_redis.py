@@ -225,7 +225,7 @@ def _storm_worker(url: str, worker: int, rounds: int, out) -> None:
     tenant = redis.Redis.from_url(url)
     wrong = hits = 0
     for r in range(rounds):
-        for k in range(3):  # another tenant filling the memory, in step with the rounds (not with the clock)
+        for k in range(5):  # another tenant filling the memory, in step with the rounds (not with the clock)
             tenant.set(f"tenant:{worker}:{r}:{k}", b"x" * 100_000)
         image = random_image(1000 + (worker * rounds + r) % 12, (16, 24), handle.processor.patch_size)
         reference = mmkv.Session(handle, reuse="none")
@@ -244,13 +244,13 @@ def _storm_worker(url: str, worker: int, rounds: int, out) -> None:
 
 
 def test_an_eviction_storm_under_maxmemory_serves_no_wrong_kv():
-    """Two processes writing and reading under maxmemory 4mb with allkeys-lru, each also writing 300 KB of
+    """Two processes writing and reading under maxmemory 4mb with allkeys-lru, each also writing 500 KB of
     another tenant's keys per round (7 MB each in all: evictions are certain, whatever the speed): evicted or
     half-evicted records are misses, never another image's KV."""
     with RedisServer(maxmemory="4mb") as server:
         context = multiprocessing.get_context("spawn")
         out = context.Queue()
-        workers = [context.Process(target=_storm_worker, args=(server.url, w, 24, out)) for w in range(2)]
+        workers = [context.Process(target=_storm_worker, args=(server.url, w, 14, out)) for w in range(2)]
         for w in workers:
             w.start()
         results = [out.get(timeout=3600) for _ in workers]  # a hang guard only
