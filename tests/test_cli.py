@@ -256,13 +256,17 @@ def _answer_without_torch(*args: str) -> dict:
         (["serve", "--max-queue", "x"], 2, "argument --max-queue: invalid int value: 'x'"),
         (["serve", "--model", "qwen3-vl-9b"], 2, "Did you mean qwen3-vl-8b"),
         (["serve", "--model", "/no/such/dir"], 2, "does not exist"),
+        (["serve", "--model", "qwen3-vl-8b"], 2, "hf download Qwen/Qwen3-VL-8B-Instruct"),
+        (["serve", "--model", "someone/no-such-checkpoint"], 2, "hf download someone/no-such-checkpoint"),
+        (["eval", "--model", "qwen3-vl-8b", "--n", "1"], 2, "hf download Qwen/Qwen3-VL-8B-Instruct"),
+        (["demo", "--model=qwen2.5-vl-7b"], 2, "hf download Qwen/Qwen2.5-VL-7B-Instruct"),
         (["serve", "--store", "/proc/mmkv-cannot-be-here"], 2, "cannot open the store directory"),
         (["nosuchcommand"], 2, "invalid choice: 'nosuchcommand'"),
     ],
 )
 def test_help_flag_errors_and_checks_answer_before_torch(args, status, shown):
-    """--help, a flag that does not exist or has a bad value, a mistyped model name, a missing model directory
-    and an unwritable store all answer (exit status and message) without importing torch or transformers."""
+    """--help, a flag that does not exist or has a bad value, a mistyped model name, a missing model directory,
+    a released checkpoint or hub id that is not here, and an unwritable store all answer (exit status and message) without importing torch or transformers."""
     port = ["--port", str(free_port())] if args[:1] == ["serve"] and "--port" not in args else []
     answer = _answer_without_torch(*args, *port)
     assert answer["status"] == status and shown in answer["out"] + answer["err"], answer

@@ -13,8 +13,9 @@ from .families import FAMILIES, Family, family_of
 from .registry import ALIASES, SHIPPED, TINY
 
 if TYPE_CHECKING:  # imported on first use
+    from .checkpoint import resolve_checkpoint
     from .handle import ModelFingerprint, ModelHandle, model_fingerprint
-    from .load import load, resolve_checkpoint
+    from .load import load
     from .processor import ImageInputs, VLProcessor
     from .tiny import build_tiny
 
@@ -23,11 +24,12 @@ _LAZY_NAMES = {  # public name -> the module that defines it
     # "load" names both the function and its module: reading mmkv.model.load gives the function, unless the
     # module mmkv.model.load was imported before (the import system then binds the module); mmkv.load is always
     # the function
-    **dict.fromkeys(["load", "resolve_checkpoint"], "load"),
+    "load": "load",
+    "resolve_checkpoint": "checkpoint",
     **dict.fromkeys(["ImageInputs", "VLProcessor"], "processor"),
     "build_tiny": "tiny",
 }
-_SUBMODULES = frozenset(["handle", "load", "processor", "reference", "registry", "tiny"])
+_SUBMODULES = frozenset(["checkpoint", "handle", "load", "processor", "reference", "registry", "tiny"])
 
 
 __getattr__ = lazy_attributes(__name__, globals(), _LAZY_NAMES, _SUBMODULES)
