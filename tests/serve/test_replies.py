@@ -53,11 +53,11 @@ def _empty():
     return ChoiceDelta()
 
 
-@pytest.mark.parametrize("text", ANSWERS)
-@pytest.mark.parametrize("trusted", [False, True])
+@pytest.mark.parametrize(
+    ("text", "trusted"),
+    [(text, trusted) for text in ANSWERS for trusted in (False, True) if not (trusted and "not json" in text)],
+)  # a grammar never writes a malformed call: that answer is only read untrusted
 def test_the_stream_joined_is_the_whole_answer_for_every_token_split(text, trusted):
-    if trusted and "not json" in text:
-        pytest.skip("a grammar never writes a malformed call")
     for seed in range(15):
         steps = _steps(text, random.Random(seed))
         answer = _answer(steps)
