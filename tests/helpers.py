@@ -236,3 +236,10 @@ def point_row_at(path: Path, key: str, filename: str) -> None:
     """Rewrite the index under ``path`` so that ``key``'s row names ``filename`` (a hostile index)."""
     with sqlite3.connect(path / "cache.db") as db:
         db.execute("UPDATE Cache SET filename = ? WHERE key = ?", (filename, key))
+
+
+def metric_value(metrics, name: str, **labels: str) -> float:
+    """The value of sample ``name`` (as ``/metrics`` writes it: ``mmkv_prompt_tokens_total``,
+    ``mmkv_queue_wait_seconds_count``, ...) in a server's ``Metrics`` registry; 0 for a sample not yet written
+    (a label never counted)."""
+    return metrics.registry.get_sample_value(name, labels or None) or 0.0

@@ -21,6 +21,7 @@ from mmkv.serve.intake import LOW_DETAIL_SIDE
 from mmkv.serve.media import MediaError
 from mmkv.serve.protocol import ApiError, BadRequest, Busy, Timeout, TooLarge
 from tests.conftest import random_image
+from tests.helpers import metric_value
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +35,6 @@ def _png(seed: int, size=(64, 96)) -> bytes:
     buffer = io.BytesIO()
     random_image(seed, (size[0] // 16, size[1] // 16), 16).save(buffer, "PNG")
     return buffer.getvalue()
-
-
-def _counter(metric, **labels) -> float:
-    return metric.labels(**labels)._value.get() if labels else metric._value.get()
 
 
 def test_a_resent_image_is_decoded_once_per_detail(engine, monkeypatch):
@@ -85,17 +82,17 @@ def test_a_finished_answer_is_counted_once_per_token_and_image(engine):
     """``count_answer`` adds the answer's prompt, reused, prefilled and generated tokens and one count per image
     under the tier its KV came from; the time to first token is one observation."""
     m = engine.metrics
-    names = ("prompt_tokens", "cached_tokens", "prefilled_tokens", "completion_tokens")
-    before = [_counter(getattr(m, n)) for n in names]
-    tiers = {t: _counter(m.image_sources, tier=t) for t in ("memory", "computed", "live")}
+    names = ("prompt_tokens", "cached_tokens", "prefilled_tokens", "completion_tokens", "ttft_seconds_count")
+    samples = [f"mmkv_{n}" if n.endswith("_count") else f"mmkv_{n}_total" for n in names]
+    before = [metric_value(m, s) for s in samples]
+    tiers = {t: metric_value(m, "mmkv_image_sources_total", tier=t) for t in ("memory", "computed", "live")}
     images = (ImageReuse(0, "a", "memory"), ImageReuse(1, "b", "computed"), ImageReuse(2, "c", "memory"))
     answer = Answer("hi", (5, 6, 7), "stop", 0.25, 0.5, PrefillStats(40, 10, 30, images))
     engine.count_answer(answer)
-    after = [_counter(getattr(m, n)) for n in names]
-    assert [a - b for a, b in zip(after, before, strict=True)] == [40, 30, 10, 3]
-    assert {t: _counter(m.image_sources, tier=t) - v for t, v in tiers.items()} == {
+    after = [metric_value(m, s) for s in samples]
+    assert [a - b for a, b in zip(after, before, strict=True)] == [40, 30, 10, 3, 1]
+    assert {t: metric_value(m, "mmkv_image_sources_total", tier=t) - v for t, v in tiers.items()} == {
         "memory": 2, "computed": 1, "live": 0}  # fmt: skip
-
 
 REFUSALS = [
     (TimeoutError(), Timeout, 504, "the request timed out"),

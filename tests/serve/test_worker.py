@@ -19,6 +19,7 @@ from mmkv.serve.metrics import Metrics
 from mmkv.serve.pool import LivePool
 from mmkv.serve.worker import Job, Worker
 from tests.engine.conftest import SERIAL, Stores, conversation, request_of, run
+from tests.helpers import metric_value
 
 CONFIG = EngineConfig(max_batch=1, prefill_chunk=None, max_waiting=2)
 
@@ -72,13 +73,10 @@ def test_submitted_requests_hear_in_order_what_a_core_stepped_by_hand_answers(ha
         assert answer.token_ids == outcome.answer.token_ids and answer.text == outcome.answer.text
         assert [type(e) for e in events] == [Started, First, *[Delta] * len(answer.token_ids), Done]
         assert tuple(e.step.token for e in events[2:-1]) == answer.token_ids
-    assert metrics.queue_depth._value.get() == 0 and metrics.running._value.get() == 0
-    assert metrics.queue_wait._sum.get() >= 0 and _count(metrics.queue_wait) == 3
-    assert metrics.pool_entries._value.get() == pool.num_entries > 0
-
-
-def _count(histogram) -> float:
-    return next(s.value for m in histogram.collect() for s in m.samples if s.name.endswith("_count"))
+    assert metric_value(metrics, "mmkv_queue_depth") == 0 and metric_value(metrics, "mmkv_running_requests") == 0
+    assert metric_value(metrics, "mmkv_queue_wait_seconds_sum") >= 0
+    assert metric_value(metrics, "mmkv_queue_wait_seconds_count") == 3
+    assert metric_value(metrics, "mmkv_pool_entries") == pool.num_entries > 0
 
 
 def test_a_request_withdrawn_while_queued_hears_nothing_and_a_full_queue_refuses(handle):
@@ -111,7 +109,7 @@ def test_a_request_withdrawn_while_queued_hears_nothing_and_a_full_queue_refuses
             worker.submit(jobs[2].request)
         assert worker.num_waiting == 2 and worker.num_running == 1
         worker.withdraw(jobs[0].request)
-        assert worker.num_waiting == 1 and metrics.queue_depth._value.get() == 1
+        assert worker.num_waiting == 1 and metric_value(metrics, "mmkv_queue_depth") == 1
         release.set()
         await done
         second = await _events(jobs[1])
@@ -165,4 +163,5 @@ def test_only_started_events_count_queue_wait():
 
     metrics, heard, events = asyncio.run(main())
     assert heard == events
-    assert _count(metrics.queue_wait) == 2 and metrics.queue_wait._sum.get() == 0.75
+    assert metric_value(metrics, "mmkv_queue_wait_seconds_count") == 2
+    assert metric_value(metrics, "mmkv_queue_wait_seconds_sum") == 0.75
