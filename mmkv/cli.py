@@ -126,8 +126,7 @@ def _preflight(args) -> None:
     """What ``serve`` can check before loading the model, without importing torch (see the module docstring).
     Raises ``MmkvError``; creates the store directories (as the store would), nothing else."""
     from .cache.directory import check_store_directory
-    from .model.checkpoint import resolve_checkpoint
-    from .model.registry import TINY, is_hub_id, known_names, unknown_name_message
+    from .model.registry import is_hub_id, known_names, unknown_name_message
 
     _can_listen(args.host, args.port)
     model = Path(args.model).expanduser()
@@ -139,8 +138,7 @@ def _preflight(args) -> None:
         )
     if not (model.is_dir() or is_hub_id(args.model) or args.model.lower() in known_names()):
         raise MmkvError(unknown_name_message(args.model))
-    if args.model.lower() not in TINY:
-        resolve_checkpoint(args.model)  # a missing checkpoint: one line now, not after torch and transformers load
+    _require_checkpoint(args.model)
     for entry in args.store:
         if not entry.startswith(_REDIS_SCHEMES):  # Redis may come up later: not required now
             check_store_directory(Path(entry).expanduser())
@@ -281,18 +279,25 @@ def _server_config(args):
     return config
 
 
-def _check_model(argv: list[str]) -> None:
-    """A script's ``--model`` that names a checkpoint not here: its one line now, before the script imports torch
-    (its own checks, and anything else it refuses, stay the script's)."""
+def _require_checkpoint(model: str) -> None:
+    """``--model``'s checkpoint is here (or fetched, as ``mmkv.load`` would): a missing one is its one line now,
+    not after torch and transformers load. A tiny model has none to find."""
     from .model.checkpoint import resolve_checkpoint
     from .model.registry import TINY
 
+    if model.lower() not in TINY:
+        resolve_checkpoint(model)
+
+
+def _check_model(argv: list[str]) -> None:
+    """A script's ``--model`` (``_require_checkpoint``), before the script imports torch; its own checks, and
+    anything else it refuses, stay the script's."""
     peek = argparse.ArgumentParser(add_help=False)
     peek.add_argument("--model")
     peek.add_argument("-h", "--help", action="store_true")
     known, _ = peek.parse_known_args(argv)
-    if known.model and not known.help and known.model.lower() not in TINY:
-        resolve_checkpoint(known.model)
+    if known.model and not known.help:
+        _require_checkpoint(known.model)
 
 
 def _script(relative: str, argv: list[str], prog: str) -> None:

@@ -211,18 +211,20 @@ def _has_logic(source: str) -> bool:
     )
 
 
+def _mirrored_modules() -> list[tuple[str, Path]]:
+    """``(package, path)`` of every module under mmkv/runtime, mmkv/serve and mmkv/engine but ``__init__``."""
+    return [(package, path) for package in ("runtime", "serve", "engine")
+            for path in sorted((PACKAGE / package).glob("*.py")) if path.name != "__init__.py"]  # fmt: skip
+
+
 def test_test_files_mirror_the_runtime_and_serve_modules():
     """Every module with logic under mmkv/runtime, mmkv/serve and mmkv/engine has its own test file in the
     mirrored folder (tests/runtime/test_<name>.py, ...); root modules' tests sit in tests/."""
-    missing = []
-    for package in ("runtime", "serve", "engine"):
-        for path in (PACKAGE / package).glob("*.py"):
-            if (
-                path.name != "__init__.py"
-                and _has_logic(path.read_text())
-                and not (REPO / "tests" / package / f"test_{path.stem}.py").exists()
-            ):
-                missing.append(f"mmkv/{package}/{path.name}")
+    missing = [
+        f"mmkv/{package}/{path.name}"
+        for package, path in _mirrored_modules()
+        if _has_logic(path.read_text()) and not (REPO / "tests" / package / f"test_{path.stem}.py").exists()
+    ]
     assert not (REPO / "tests" / "runtime" / "test_toolcalls.py").exists()  # toolcalls is a root module
     assert missing == [], missing
 
@@ -235,10 +237,5 @@ def test_only_modules_of_records_need_no_test_file_of_their_own():
                   "class A:\n    @property\n    def f(self):\n        return 1\n", "async def f():\n    pass\n",
                   "class A:\n    def __init__(self):\n        def g():\n            pass\n"):  # fmt: skip
         assert _has_logic(logic), logic
-    exempt = sorted(
-        f"{package}/{path.name}"
-        for package in ("runtime", "serve", "engine")
-        for path in (PACKAGE / package).glob("*.py")
-        if path.name != "__init__.py" and not _has_logic(path.read_text())
-    )
+    exempt = sorted(f"{package}/{path.name}" for package, path in _mirrored_modules() if not _has_logic(path.read_text()))
     assert exempt == ["engine/events.py", "serve/metrics.py"]

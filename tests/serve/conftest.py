@@ -15,7 +15,7 @@ from openai import OpenAI
 
 from mmkv.cli import serve_config
 from mmkv.serve import http_server
-from mmkv.serve.process import ServerProcess, free_port
+from mmkv.serve.process import ServerProcess
 from tests.conftest import random_image
 
 PATCH = 16  # tiny-qwen3-vl's patch size
@@ -48,20 +48,21 @@ class InProcessServer(RunningServer):
     spends importing torch and transformers. Signals, exits and the process's memory are the process tests'
     (``ServerProcess``: test_drain, test_process, test_limits' memory bounds, the gateway)."""
 
-    def __enter__(self) -> InProcessServer:
-        for _ in range(3):  # a port taken between choosing and binding it: a new one
-            argv = ["--port", str(self.port), *self.args, *(["--api-key", self.api_key] if self.api_key else [])]
-            self.http, self.engine = http_server(serve_config(argv))
-            self.thread = threading.Thread(target=self.http.run, name="mmkv-test-server", daemon=True)
-            self.thread.start()
-            while not self.http.started and self.thread.is_alive():
-                time.sleep(0.02)
-            if self.http.started:
-                return self
-            self.engine.close()  # uvicorn could not bind the port (it exits the thread)
-            self.port = free_port()
-            self.base_url = f"http://127.0.0.1:{self.port}"
-        raise RuntimeError("three free ports were taken before the server bound one")
+    def _start(self) -> bool:
+        """True once the server is up; False if uvicorn could not bind the port (``ServerProcess.__enter__``
+        then retries on a new one, as for a process)."""
+        argv = ["--port", str(self.port), *self.args, *(["--api-key", self.api_key] if self.api_key else [])]
+        self.http, self.engine = http_server(serve_config(argv))
+        self.thread = threading.Thread(target=self.http.run, name="mmkv-test-server", daemon=True)
+        self.thread.start()
+        while not self.http.started and self.thread.is_alive():
+            time.sleep(0.02)
+        if not self.http.started:  # uvicorn exits its thread when the port is taken
+            self.engine.close()
+        return self.http.started
+
+    def _log_end(self) -> str:
+        return "(an in-process server: its log is the test's)"
 
     def __exit__(self, *exc) -> None:
         self.http.should_exit = True
@@ -70,19 +71,11 @@ class InProcessServer(RunningServer):
 
 
 @contextmanager
-def run_server(tmp: Path, *args: str, api_key: str | None = None):
-    """``mmkv serve`` on tiny-qwen3-vl with ``args`` (in this process: ``InProcessServer``), up and serving."""
-    server = InProcessServer(
-        ["--model", "tiny-qwen3-vl", "--device", "cpu", *args], tmp / "server.log", api_key
-    )
-    with server:
-        yield server
-
-
-@contextmanager
-def run_server_process(tmp: Path, *args: str, api_key: str | None = None):
-    """``python -m mmkv serve`` on tiny-qwen3-vl with ``args`` in a process of its own (signals, exits)."""
-    with RunningServer(["--model", "tiny-qwen3-vl", "--device", "cpu", *args], tmp / "server.log", api_key) as server:
+def run_server(tmp: Path, *args: str, api_key: str | None = None, process: bool = False):
+    """``mmkv serve`` on tiny-qwen3-vl with ``args``, up and serving: in this process (``InProcessServer``), or
+    with ``process`` as ``python -m mmkv serve`` in a process of its own (for signals and exits)."""
+    kind = RunningServer if process else InProcessServer
+    with kind(["--model", "tiny-qwen3-vl", "--device", "cpu", *args], tmp / "server.log", api_key) as server:
         yield server
 
 

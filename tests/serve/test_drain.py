@@ -13,7 +13,7 @@ import pytest
 
 from mmkv.model.families.qwen_vl import QWEN_SPECIAL_TOKENS
 from mmkv.serve.drain import Drain
-from tests.serve.conftest import run_server_process, user
+from tests.serve.conftest import run_server, user
 
 pytestmark = pytest.mark.server
 END_OF_TURN = str(QWEN_SPECIAL_TOKENS.index("<|im_end|>"))  # the tiny tokenizers put special tokens first
@@ -54,7 +54,7 @@ def _long_stream(server, received: list[str], started: threading.Event) -> None:
 
 
 def test_sigterm_drains_refuses_new_requests_and_finishes_the_ones_held(tmp_path):
-    with run_server_process(tmp_path, "--drain-timeout", "600") as server:
+    with run_server(tmp_path, "--drain-timeout", "600", process=True) as server:
         received: list[str] = []
         started = threading.Event()
         reader = threading.Thread(target=_long_stream, args=(server, received, started))
@@ -81,7 +81,7 @@ def test_sigterm_drains_refuses_new_requests_and_finishes_the_ones_held(tmp_path
 
 
 def test_an_idle_server_exits_at_once_on_sigterm(tmp_path):
-    with run_server_process(tmp_path) as server:
+    with run_server(tmp_path, process=True) as server:
         assert (
             server.post({"model": "tiny-qwen3-vl", "messages": [user("hi")], "max_tokens": 2}).status_code
             == 200
